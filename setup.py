@@ -1,0 +1,36 @@
+"""Build fastbreaker's compiled core.
+
+FASTBREAKER_NO_EXTENSIONS=1 builds a pure-Python package (the reference twin only).
+FASTBREAKER_DEBUG=1 compiles with Cython's bounds checks and C asserts switched on.
+"""
+
+import os
+
+from setuptools import Extension, setup
+
+NO_EXTENSIONS = bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS"))
+DEBUG = bool(os.environ.get("FASTBREAKER_DEBUG"))
+
+MODULES = ["_breaker_c", "_budget_c", "_floor_c"]
+
+
+def extensions():
+    from Cython.Build import cythonize
+
+    exts = [
+        Extension(
+            f"fastbreaker.{name}",
+            [f"src/fastbreaker/{name}.pyx"],
+            include_dirs=["src/fastbreaker"],
+            extra_compile_args=[] if os.name == "nt" else ["-O2"],
+            undef_macros=["NDEBUG"] if DEBUG else [],
+        )
+        for name in MODULES
+    ]
+    directives = {"language_level": "3"}
+    if DEBUG:
+        directives.update(boundscheck=True, wraparound=True, initializedcheck=True)
+    return cythonize(exts, compiler_directives=directives)
+
+
+setup(ext_modules=[] if NO_EXTENSIONS else extensions())

@@ -1,0 +1,26 @@
+# cython: language_level=3, freethreading_compatible=True
+"""Benchmark-only helper: the cheapest possible method call on a Cython class.
+
+``Floor().allow()`` is what any compiled ``allow()`` is measured against: the cost of calling a
+method that does nothing. It is shipped so that ``python -m fastbreaker`` and ``benchmarks/`` can
+report ratios to the floor measured on the same machine in the same run.
+"""
+
+cimport cython
+
+
+@cython.final
+cdef class Floor:
+    """An object whose ``allow()``, ``record_success()`` and ``call(f)`` do (almost) nothing."""
+
+    @cython.binding(False)
+    def allow(self):
+        return True
+
+    @cython.binding(False)
+    def record_success(self, elapsed=None):
+        return None
+
+    @cython.binding(False)
+    def call(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
