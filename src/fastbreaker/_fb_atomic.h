@@ -30,7 +30,6 @@ static inline int fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired) 
     *expected = old;
     return 0;
 }
-static inline uint8_t fb_xchg8(uint8_t *p, uint8_t v) { return (uint8_t)InterlockedExchange8((volatile char *)p, (char)v); }
 
 #else
 
@@ -43,7 +42,6 @@ static inline int64_t fb_xchg(int64_t *p, int64_t v) { return __atomic_exchange_
 static inline int fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired) {
     return __atomic_compare_exchange_n(p, expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
-static inline uint8_t fb_xchg8(uint8_t *p, uint8_t v) { return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL); }
 
 #endif
 

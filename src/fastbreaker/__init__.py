@@ -1,0 +1,50 @@
+"""fastbreaker: circuit breakers and retry budgets whose hot path is lock-free C.
+
+``import fastbreaker as fb`` gives the compiled core on CPython and the pure-Python reference
+twin when ``FASTBREAKER_NO_EXTENSIONS`` is set (or on other interpreters). ``fb.COMPILED`` says
+which one is in use. A missing extension on CPython is an error, never a silent slowdown.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from ._errors import BreakerError, CircuitOpenError, DeadlineExceeded, State
+
+COMPILED: bool = platform.python_implementation() == "CPython" and not os.environ.get(
+    "FASTBREAKER_NO_EXTENSIONS"
+)
+
+if COMPILED:
+    from ._breaker_c import CircuitBreaker, Metrics
+    from ._budget_c import RetryBudget
+else:
+    from ._breaker_py import CircuitBreaker, Metrics  # type: ignore[assignment]
+    from ._budget_py import RetryBudget  # type: ignore[assignment]
+
+from . import testing
+from ._deadline import Deadline, current_deadline, deadline
+from ._map import BreakerMap, MapMetrics
+from ._retry import retry, retrying
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "COMPILED",
+    "BreakerError",
+    "BreakerMap",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "Deadline",
+    "DeadlineExceeded",
+    "MapMetrics",
+    "Metrics",
+    "RetryBudget",
+    "State",
+    "current_deadline",
+    "deadline",
+    "retry",
+    "retrying",
+    "testing",
+]

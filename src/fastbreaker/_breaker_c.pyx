@@ -1,0 +1,755 @@
+# cython: language_level=3, freethreading_compatible=True
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled circuit breaker core: the state machine of ``_breaker_py.py`` over C atomics.
+
+``_breaker_py.py`` is the specification; comments here are about C concerns only.
+
+The whole state lives in one 64-bit word (state, busy bit, probes in flight, probe successes,
+backoff level, generation), changed only by compare-and-swap. A transition is claimed by setting
+the busy bit with one CAS; the claimer writes what the new state needs (trip time, cleared
+window) and then publishes the new word with a release store. Readers load the word (acquire)
+before anything else, so a reader that sees OPEN sees its trip time. While the busy bit is set,
+admissions are rejected and outcomes of the ending generation are stale: nobody waits on it.
+"""
+
+cimport cython
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from libc.stdint cimport int64_t, uint64_t
+from libc.math cimport INFINITY
+
+from ._errors import CircuitOpenError, State
+from ._metrics import Metrics
+from fractions import Fraction
+
+from . import _calls
+from ._options import BreakerOptions
+
+cdef extern from "_fb_atomic.h" nogil:
+    int64_t fb_load_acq(int64_t *p)
+    int64_t fb_load_rlx(int64_t *p)
+    void fb_store_rel(int64_t *p, int64_t v)
+    void fb_store_rlx(int64_t *p, int64_t v)
+    int64_t fb_add(int64_t *p, int64_t v)
+    bint fb_cas(int64_t *p, int64_t *expected, int64_t desired)
+    bint fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired)
+    void fb_max(int64_t *p, int64_t v)
+    int64_t fb_monotonic_ns()
+
+cdef extern from "_fb_breaker.h" nogil:
+    ctypedef struct group_t "fb_group_t":
+        int64_t open, size, suppressed, num, den
+    ctypedef struct config_t "fb_config_t":
+        int64_t failure_threshold, min_calls, window, half_open_max, success_threshold
+        int64_t reset_ns, max_reset_ns, probe_timeout_ns, slow_ns
+        double failure_rate, slow_rate
+        int use_c_clock
+        group_t *group
+        void *owner
+    ctypedef struct window_t "fb_window_t":
+        int64_t agg, head
+        int64_t slots[1]
+    ctypedef struct core_t "fb_breaker_t":
+        int64_t word, since_ns, consec
+        window_t *win
+        config_t *cfg
+        int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened
+
+# -- the state word ------------------------------------------------------------------------------
+cdef enum:
+    S_CLOSED = 0
+    S_OPEN = 1
+    S_HALF_OPEN = 2
+    S_ISOLATED = 3
+    ST_MASK = 3
+    BUSY = 4
+    INFL_SHIFT = 3
+    OK_SHIFT = 19
+    LVL_SHIFT = 35
+    GEN_SHIFT = 41
+    FIELD16 = 0xFFFF
+    LVL_MASK = 63
+    MAX_LEVEL = 40
+    GEN_MASK = 0x3FFFFF
+    CONSEC_SHIFT = 40
+    AGG_BITS = 21
+    AGG_MASK = 0x1FFFFF
+    AGG_BIAS = 0x100000
+
+cdef int64_t CONSEC_MASK = ((<int64_t>1) << CONSEC_SHIFT) - 1
+cdef int64_t AGG_ZERO = (<int64_t>AGG_BIAS) | ((<int64_t>AGG_BIAS) << AGG_BITS) | ((<int64_t>AGG_BIAS) << (2 * AGG_BITS))
+
+# transition codes: 0 none, else 0x100 | old << 4 | new
+cdef inline int trans_code(int old, int new) noexcept nogil:
+    return 0x100 | (old << 4) | new
+
+cdef inline int64_t make_word(int state, int64_t gen, int64_t inflight, int64_t ok, int64_t level) noexcept nogil:
+    return (state | (inflight << INFL_SHIFT) | (ok << OK_SHIFT) | (level << LVL_SHIFT)
+            | ((gen & GEN_MASK) << GEN_SHIFT))
+
+cdef inline int64_t w_gen(int64_t w) noexcept nogil:
+    return (w >> GEN_SHIFT) & GEN_MASK
+
+cdef inline int64_t w_inflight(int64_t w) noexcept nogil:
+    return (w >> INFL_SHIFT) & FIELD16
+
+cdef inline int64_t w_ok(int64_t w) noexcept nogil:
+    return (w >> OK_SHIFT) & FIELD16
+
+cdef inline int64_t w_level(int64_t w) noexcept nogil:
+    return (w >> LVL_SHIFT) & LVL_MASK
+
+cdef inline int64_t open_period(config_t *c, int64_t level) noexcept nogil:
+    cdef int64_t p
+    if c.max_reset_ns == 0:
+        return c.reset_ns
+    if level > MAX_LEVEL:
+        level = MAX_LEVEL
+    if c.reset_ns > (c.max_reset_ns >> level):
+        return c.max_reset_ns
+    p = c.reset_ns << level
+    return p if p < c.max_reset_ns else c.max_reset_ns
+
+cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
+    if now >= 0:
+        return now
+    if b.cfg.use_c_clock:
+        return fb_monotonic_ns()
+    return -1
+
+# Claim the word for a manual transition (spins only while another claim is in progress).
+cdef inline int64_t claim(core_t *b) noexcept nogil:
+    cdef int64_t w = fb_load_acq(&b.word)
+    while True:
+        if w & BUSY:
+            w = fb_load_acq(&b.word)
+            continue
+        if fb_cas(&b.word, &w, w | BUSY):
+            return w
+
+cdef inline void clear_window(core_t *b, int64_t new_gen) noexcept nogil:
+    cdef window_t *win = b.win
+    cdef int64_t i, nwords
+    fb_store_rlx(&b.consec, (new_gen & GEN_MASK) << CONSEC_SHIFT)
+    if win == NULL:
+        return
+    nwords = (b.cfg.window + 31) >> 5
+    for i in range(nwords):
+        fb_store_rlx(&win.slots[i], 0)
+    fb_store_rlx(&win.head, 0)
+    fb_store_rlx(&win.agg, AGG_ZERO)
+
+cdef inline void group_open_add(core_t *b, int64_t delta) noexcept nogil:
+    if b.cfg.group != NULL:
+        fb_add(&b.cfg.group.open, delta)
+
+cdef inline int64_t min_level(int64_t level) noexcept nogil:
+    return level if level < MAX_LEVEL else MAX_LEVEL
+
+cdef enum:
+    FB_REJECTED_ = -1
+    FB_NEED_CLOCK_ = -2
+    NEED_TRIP = -3
+
+# -- admission -------------------------------------------------------------------------------
+cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
+    cdef int64_t w = fb_load_acq(&b.word)
+    if (w & (ST_MASK | BUSY)) == S_CLOSED:
+        fb_add(&b.permitted, 1)
+        return w_gen(w)
+    return acquire_slow(b, now, trans)
+
+cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
+    cdef int64_t w, since, gen, inflight
+    cdef int st
+    cdef config_t *c = b.cfg
+    w = fb_load_acq(&b.word)
+    while True:
+        st = w & ST_MASK
+        if w & BUSY or st == S_ISOLATED:
+            break
+        gen = w_gen(w)
+        if st == S_CLOSED:
+            fb_add(&b.permitted, 1)
+            return gen
+        now = resolve_now(b, now)
+        if now < 0:
+            return FB_NEED_CLOCK_
+        since = fb_load_rlx(&b.since_ns)
+        if st == S_OPEN:
+            if now - since < open_period(c, w_level(w)):
+                break
+            if not fb_cas(&b.word, &w, w | BUSY):
+                continue
+            fb_store_rlx(&b.since_ns, now)
+            fb_store_rel(&b.word, make_word(S_HALF_OPEN, gen + 1, 1, 0, w_level(w)))
+            fb_add(&b.permitted, 1)
+            trans[0] = trans_code(S_OPEN, S_HALF_OPEN)
+            return (gen + 1) & GEN_MASK
+        # HALF_OPEN
+        inflight = w_inflight(w)
+        if inflight and now - since >= c.probe_timeout_ns:
+            # every outstanding probe counts as failed: re-open with backoff
+            if not fb_cas(&b.word, &w, w | BUSY):
+                continue
+            fb_store_rlx(&b.since_ns, now)
+            fb_add(&b.opened, 1)
+            fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, min_level(w_level(w) + 1)))
+            trans[0] = trans_code(S_HALF_OPEN, S_OPEN)
+            break
+        if inflight >= c.half_open_max:
+            break
+        fb_max(&b.since_ns, now)
+        if fb_cas(&b.word, &w, w + ((<int64_t>1) << INFL_SHIFT)):
+            fb_add(&b.permitted, 1)
+            return gen
+    fb_add(&b.rejected, 1)
+    return FB_REJECTED_
+
+# -- outcomes --------------------------------------------------------------------------------
+cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans) noexcept nogil:
+    """0, FB_NEED_CLOCK_ (nothing recorded) or NEED_TRIP (recorded; call trip_auto with a time)."""
+    cdef int64_t w, gen, ok
+    cdef int st
+    cdef config_t *c = b.cfg
+    w = fb_load_acq(&b.word)
+    while True:
+        st = w & ST_MASK
+        gen = w_gen(w)
+        if permit != gen or (w & BUSY) or st == S_OPEN or st == S_ISOLATED:
+            fb_add(&b.stale, 1)
+            return 0
+        if st == S_CLOSED:
+            return release_closed(b, gen, outcome, now, trans)
+        # HALF_OPEN: a probe reports
+        if w_inflight(w) == 0:
+            fb_add(&b.stale, 1)
+            return 0
+        if outcome == FB_NEUTRAL:
+            if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT)):
+                fb_add(&b.ignored, 1)
+                return 0
+            continue
+        if outcome == FB_FAILURE or outcome == FB_SLOW:
+            now = resolve_now(b, now)
+            if now < 0:
+                return FB_NEED_CLOCK_
+            if not fb_cas(&b.word, &w, w | BUSY):
+                continue
+            if outcome == FB_FAILURE:
+                fb_add(&b.failures, 1)
+            else:
+                fb_add(&b.successes, 1)
+                fb_add(&b.slow_calls, 1)
+            fb_store_rlx(&b.since_ns, now)
+            fb_add(&b.opened, 1)
+            fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, min_level(w_level(w) + 1)))
+            trans[0] = trans_code(S_HALF_OPEN, S_OPEN)
+            return 0
+        ok = w_ok(w) + 1
+        if ok >= c.success_threshold:
+            if not fb_cas(&b.word, &w, w | BUSY):
+                continue
+            fb_add(&b.successes, 1)
+            clear_window(b, gen + 1)
+            group_open_add(b, -1)
+            fb_store_rel(&b.word, make_word(S_CLOSED, gen + 1, 0, 0, 0))
+            trans[0] = trans_code(S_HALF_OPEN, S_CLOSED)
+            return 0
+        if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
+            fb_add(&b.successes, 1)
+            return 0
+
+cdef inline int release_closed(core_t *b, int64_t gen, int outcome, int64_t now, int *trans) noexcept nogil:
+    cdef config_t *c = b.cfg
+    cdef bint failed, slow, trip = False
+    cdef int64_t cur, count, tag
+    if outcome == FB_NEUTRAL:
+        fb_add(&b.ignored, 1)
+        return 0
+    failed = outcome == FB_FAILURE
+    slow = outcome == FB_SLOW
+    if failed:
+        fb_add(&b.failures, 1)
+    else:
+        fb_add(&b.successes, 1)
+        if slow:
+            fb_add(&b.slow_calls, 1)
+    # consecutive failures, tagged with the generation (an older tag counts as zero)
+    cur = fb_load_rlx(&b.consec)
+    tag = gen << CONSEC_SHIFT
+    if failed or (slow and b.win == NULL):
+        while True:
+            if (cur >> CONSEC_SHIFT) == gen:
+                count = (cur & CONSEC_MASK) + 1
+            elif ((gen - (cur >> CONSEC_SHIFT)) & GEN_MASK) < (GEN_MASK >> 1):
+                count = 1
+            else:
+                count = 0  # a newer generation owns the counter: this outcome is late
+                break
+            if fb_cas_strong(&b.consec, &cur, tag | count):
+                break
+        if b.win == NULL and count >= c.failure_threshold:
+            trip = True
+    elif (cur >> CONSEC_SHIFT) == gen and (cur & CONSEC_MASK) != 0:
+        fb_cas_strong(&b.consec, &cur, tag)
+    if b.win != NULL:
+        trip = window_record(b, 2 if failed else (3 if slow else 1))
+    if trip:
+        return trip_auto(b, gen, now, trans)
+    return 0
+
+cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
+    cdef window_t *win = b.win
+    cdef config_t *c = b.cfg
+    cdef int64_t pos = (fb_add(&win.head, 1) - 1) % c.window
+    cdef int64_t *slot = &win.slots[pos >> 5]
+    cdef int shift = (pos & 31) * 2
+    cdef int64_t cur = fb_load_rlx(slot), old, delta, agg, rec, fail, slow
+    while True:
+        old = (<uint64_t>cur >> shift) & 3
+        if fb_cas_strong(slot, &cur, <int64_t>((<uint64_t>cur & ~((<uint64_t>3) << shift)) | (<uint64_t>code << shift))):
+            break
+    delta = ((old == 0)
+             + (((code == 2) - (old == 2)) << AGG_BITS)
+             + ((<int64_t>((code == 3) - (old == 3))) << (2 * AGG_BITS)))
+    agg = fb_add(&win.agg, delta)
+    rec = (agg & AGG_MASK) - AGG_BIAS
+    fail = ((agg >> AGG_BITS) & AGG_MASK) - AGG_BIAS
+    slow = ((agg >> (2 * AGG_BITS)) & AGG_MASK) - AGG_BIAS
+    # a writer delayed across a whole close cycle can leave the counts off by one: clamp
+    if rec > c.window:
+        rec = c.window
+    if rec < c.min_calls or rec <= 0:
+        return False
+    if fail > rec:
+        fail = rec
+    if slow > rec:
+        slow = rec
+    if <double>fail / <double>rec >= c.failure_rate:
+        return True
+    return c.slow_ns != 0 and <double>slow / <double>rec >= c.slow_rate
+
+cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nogil:
+    """CLOSED(gen) -> OPEN after an outcome crossed the threshold; NEED_TRIP without a time."""
+    cdef int64_t w, cur
+    cdef group_t *g = b.cfg.group
+    now = resolve_now(b, now)
+    if now < 0:
+        return NEED_TRIP
+    w = fb_load_acq(&b.word)
+    if w != make_word(S_CLOSED, gen, 0, 0, 0):
+        return 0
+    if g != NULL:
+        # reserve a place among the non-CLOSED breakers, or suppress the trip
+        cur = fb_load_rlx(&g.open)
+        while True:
+            if cur + 1 > max_open(g):
+                fb_add(&g.suppressed, 1)
+                return 0
+            if fb_cas_strong(&g.open, &cur, cur + 1):
+                break
+    if not fb_cas(&b.word, &w, w | BUSY):
+        if g != NULL:
+            fb_add(&g.open, -1)
+        return 0
+    fb_store_rlx(&b.since_ns, now)
+    fb_add(&b.opened, 1)
+    fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, 0))
+    trans[0] = trans_code(S_CLOSED, S_OPEN)
+    return 0
+
+cdef inline int64_t max_open(group_t *g) noexcept nogil:
+    cdef int64_t bound = fb_load_rlx(&g.size) * g.num // g.den
+    return bound if bound > 1 else 1
+
+# Raw outcomes belong to the current generation when it can take them.
+cdef inline int64_t raw_permit(core_t *b) noexcept nogil:
+    cdef int64_t w = fb_load_acq(&b.word)
+    cdef int st = w & ST_MASK
+    if st == S_CLOSED or (st == S_HALF_OPEN and w_inflight(w)):
+        return w_gen(w)
+    return -1
+
+# -- manual transitions --------------------------------------------------------------------------
+cdef int manual(core_t *b, int target, int64_t now) noexcept nogil:
+    """trip (S_OPEN), isolate (S_ISOLATED) or reset (S_CLOSED); returns the transition code."""
+    cdef int64_t w = claim(b), gen = w_gen(w), level = w_level(w)
+    cdef int old = w & ST_MASK
+    if target == S_OPEN and old == S_ISOLATED:
+        fb_store_rel(&b.word, w)  # release the claim unchanged
+        return 0
+    if old == S_CLOSED and target != S_CLOSED:
+        group_open_add(b, 1)
+    elif old != S_CLOSED and target == S_CLOSED:
+        group_open_add(b, -1)
+    if target == S_OPEN:
+        fb_store_rlx(&b.since_ns, now)
+        fb_add(&b.opened, 1)
+    elif target == S_CLOSED:
+        clear_window(b, gen + 1)
+        level = 0
+    fb_store_rel(&b.word, make_word(target, gen + 1, 0, 0, level))
+    return trans_code(old, target)
+
+# -- the C API (see _breaker_c.pxd) -----------------------------------------------------------------
+cdef fb_breaker_t *fb_breaker_handle(object breaker) except NULL:
+    if type(breaker) is not CircuitBreaker:
+        raise TypeError(f"expected a compiled fastbreaker.CircuitBreaker, got {breaker!r}")
+    return <fb_breaker_t *>&(<CircuitBreaker>breaker).st
+
+cdef int64_t fb_breaker_acquire(fb_breaker_t *b, int64_t now) noexcept nogil:
+    cdef int trans = 0
+    return acquire(<core_t *>b, now, &trans)
+
+cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil:
+    cdef int trans = 0
+    if now < 0 and not (<core_t *>b).cfg.use_c_clock:
+        return FB_NEED_CLOCK_  # a breaker with a Python clock needs the caller's time
+    if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
+        outcome = FB_FAILURE
+    return release(<core_t *>b, permit, outcome, now, &trans)
+
+cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
+    return fb_load_acq(&(<core_t *>b).word) & ST_MASK
+
+
+# -- Python objects --------------------------------------------------------------------------------
+@cython.final
+cdef class Group:
+    """Shared by the breakers of one BreakerMap: how many are not CLOSED, and the trip bound."""
+
+    cdef group_t g
+
+    def __cinit__(self, double max_open_ratio):
+        frac = Fraction(repr(float(max_open_ratio))).limit_denominator(1_000_000)
+        self.g.num = frac.numerator
+        self.g.den = frac.denominator
+
+    def bound(self):
+        """``max(1, floor(max_open_ratio * size))``, computed exactly."""
+        return max_open(&self.g)
+
+    def add_size(self, int64_t delta):
+        fb_add(&self.g.size, delta)
+
+    @property
+    def open(self):
+        return fb_load_rlx(&self.g.open)
+
+    @property
+    def size(self):
+        return fb_load_rlx(&self.g.size)
+
+    @property
+    def suppressed(self):
+        return fb_load_rlx(&self.g.suppressed)
+
+
+@cython.final
+cdef class Config:
+    """Options plus what a BreakerMap shares with its breakers (group and state-change hook)."""
+
+    cdef config_t c
+    cdef public object options
+    cdef public object group
+    cdef public object hook
+    cdef public tuple listeners
+    cdef public bint shared
+
+    def __init__(self, options, group=None, hook=None):
+        self.options = options
+        self.group = group
+        self.hook = hook
+        self.listeners = ()
+        self.shared = False
+        self.c.failure_threshold = options.failure_threshold
+        self.c.min_calls = options.min_calls
+        self.c.window = options.window
+        self.c.half_open_max = options.half_open_max_calls
+        self.c.success_threshold = options.success_threshold
+        self.c.reset_ns = options.reset_ns
+        self.c.max_reset_ns = options.max_reset_ns
+        self.c.probe_timeout_ns = options.probe_timeout_ns
+        self.c.slow_ns = options.slow_ns
+        self.c.failure_rate = options.failure_rate
+        self.c.slow_rate = options.slow_rate
+        self.c.use_c_clock = options.clock is None
+        self.c.group = &(<Group>group).g if group is not None else NULL
+        self.c.owner = <void *>self
+
+    def copy(self, *, keep_group=True):
+        """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
+        cdef Config other = Config(self.options, self.group if keep_group else None, self.hook)
+        other.listeners = self.listeners
+        return other
+
+
+_CLOSED, _OPEN, _HALF_OPEN, _ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
+_STATES = (_CLOSED, _OPEN, _HALF_OPEN, _ISOLATED)
+
+
+@cython.final
+cdef class CircuitBreaker:
+    """A circuit breaker whose hot path is lock-free C (see the README for every option)."""
+
+    cdef core_t st
+    cdef object _label
+
+    def __init__(self, failure_threshold=5, reset_timeout=30.0, *, window=0, min_calls=20,
+                 failure_rate=0.5, slow_call_duration=None, slow_call_rate=1.0,
+                 half_open_max_calls=1, success_threshold=1, max_reset_timeout=None,
+                 probe_timeout=None, failure_on=(Exception,), ignore=(), name=None, clock=None):
+        if self.st.cfg != NULL:
+            raise RuntimeError("CircuitBreaker.__init__ called twice")
+        options = BreakerOptions(
+            failure_threshold, reset_timeout, window=window, min_calls=min_calls,
+            failure_rate=failure_rate, slow_call_duration=slow_call_duration,
+            slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
+            success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
+            probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore, clock=clock,
+        )
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r}")
+        self._setup(Config(options), name)
+
+    @classmethod
+    def _from_config(cls, Config config, label):
+        """A breaker sharing ``config`` (BreakerMap); ``name`` is ``str(label)``."""
+        cdef CircuitBreaker self = CircuitBreaker.__new__(CircuitBreaker)
+        self._setup(config, label)
+        return self
+
+    cdef _setup(self, Config config, label):
+        cdef int64_t n = config.c.window
+        if n:
+            self.st.win = <window_t *>PyMem_Calloc(1, sizeof(window_t) + ((n + 31) >> 5) * sizeof(int64_t))
+            if self.st.win == NULL:
+                raise MemoryError()
+            self.st.win.agg = AGG_ZERO
+        Py_INCREF(config)
+        self.st.cfg = &config.c
+        self._label = label
+
+    def __dealloc__(self):
+        if self.st.win != NULL:
+            PyMem_Free(self.st.win)
+            self.st.win = NULL
+        if self.st.cfg != NULL:
+            Py_DECREF(<object>self.st.cfg.owner)
+            self.st.cfg = NULL
+
+    @property
+    def _config(self):
+        return <object>self.st.cfg.owner
+
+    def _set_config(self, Config config):
+        """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
+        cdef config_t *old = self.st.cfg
+        if config.c.window != old.window:
+            raise ValueError("a breaker's window size cannot change")
+        Py_INCREF(config)
+        self.st.cfg = &config.c
+        Py_DECREF(<object>old.owner)
+
+    def _now(self):
+        cdef object clock = (<Config>self.st.cfg.owner).options.clock
+        return fb_monotonic_ns() if clock is None else clock()
+
+    cdef object _fire(self, int trans):
+        cdef Config config
+        cdef int old = (trans >> 4) & 0xF, new = trans & 0xF
+        if old == new:
+            return
+        config = <Config>self.st.cfg.owner
+        _calls.fire(self, config.listeners, config.hook, _STATES[old], _STATES[new])
+
+    cdef inline int64_t _acquire(self):
+        cdef int trans = 0
+        cdef int64_t permit = acquire(&self.st, -1, &trans)
+        if permit == FB_NEED_CLOCK_:
+            permit = acquire(&self.st, self._now(), &trans)
+        if trans:
+            self._fire(trans)
+        return permit
+
+    cdef inline _release(self, int64_t permit, int outcome):
+        cdef int trans = 0
+        cdef int r = release(&self.st, permit, outcome, -1, &trans)
+        if r == FB_NEED_CLOCK_:
+            r = release(&self.st, permit, outcome, self._now(), &trans)
+        if r == NEED_TRIP:
+            r = trip_auto(&self.st, permit, self._now(), &trans)
+        if trans:
+            self._fire(trans)
+
+    # -- raw API ---------------------------------------------------------------------------
+    @cython.binding(False)
+    def allow(self):
+        """Admit one call (True) or reject it (False); the caller reports its outcome."""
+        cdef int64_t w = fb_load_acq(&self.st.word)
+        if (w & (ST_MASK | BUSY)) == S_CLOSED:
+            fb_add(&self.st.permitted, 1)
+            return True
+        return self._acquire() >= 0
+
+    @cython.binding(False)
+    def record_success(self, elapsed=None):
+        """Report a success; ``elapsed`` seconds (or timedelta) make it slow when over the limit."""
+        cdef int outcome = FB_SUCCESS if elapsed is None else _calls.success_outcome(self, elapsed)
+        self._release(raw_permit(&self.st), outcome)
+
+    @cython.binding(False)
+    def record_failure(self):
+        """Report a failure of a call admitted by ``allow()``."""
+        self._release(raw_permit(&self.st), FB_FAILURE)
+
+    # -- permit API used by _calls ------------------------------------------------------------
+    def _permit_or_raise(self):
+        cdef int64_t permit = self._acquire()
+        if permit < 0:
+            raise self._open_error()
+        return permit
+
+    def _finish(self, int64_t permit, int outcome):
+        self._release(permit, outcome)
+
+    def _open_error(self):
+        return CircuitOpenError(self.name, self.state, self.retry_after)
+
+    # -- call paths ----------------------------------------------------------------------------
+    @cython.binding(False)
+    def call(self, fn, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
+        cdef int64_t permit, start = 0
+        cdef config_t *c
+        cdef int trans = 0
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        permit = acquire(&self.st, -1, &trans)
+        if permit < 0 or trans:
+            if permit == FB_NEED_CLOCK_:
+                permit = acquire(&self.st, self._now(), &trans)
+            if trans:
+                self._fire(trans)
+            if permit < 0:
+                raise self._open_error()
+        c = self.st.cfg
+        if c.slow_ns:
+            start = self._now()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            self._release(permit, (<Config>c.owner).options.classify(exc))
+            raise
+        if c.slow_ns and self._now() - start >= c.slow_ns:
+            self._release(permit, FB_SLOW)
+        else:
+            self._release(permit, FB_SUCCESS)
+        return result
+
+    def call_async(self, fn, *args, **kwargs):
+        """Await ``fn(*args, **kwargs)`` through the breaker."""
+        return _calls.call_async(self, fn, args, kwargs)
+
+    def __call__(self, fn):
+        return _calls.decorate(self, fn)
+
+    def __enter__(self):
+        _calls.enter(self)
+        return self
+
+    def __exit__(self, et, exc, tb):
+        _calls.exit(self, exc)
+
+    async def __aenter__(self):
+        _calls.enter(self)
+        return self
+
+    async def __aexit__(self, et, exc, tb):
+        _calls.exit(self, exc)
+
+    # -- manual control --------------------------------------------------------------------------
+    def trip(self):
+        """Force OPEN now (a fresh open period; lazy recovery follows). No effect when ISOLATED."""
+        cdef int trans = manual(&self.st, S_OPEN, self._now())
+        if trans:
+            self._fire(trans)
+
+    def isolate(self):
+        """Reject every call until ``reset()``."""
+        self._fire(manual(&self.st, S_ISOLATED, 0))
+
+    def reset(self):
+        """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
+        self._fire(manual(&self.st, S_CLOSED, 0))
+
+    # -- inspection --------------------------------------------------------------------------------
+    @property
+    def state(self):
+        """The stored state (reading it never makes a transition)."""
+        return _STATES[fb_load_acq(&self.st.word) & ST_MASK]
+
+    @property
+    def name(self):
+        return None if self._label is None else str(self._label)
+
+    @property
+    def retry_after(self):
+        """Seconds until a probe may pass: OPEN, the rest of the open period; ISOLATED, inf."""
+        cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t since = fb_load_rlx(&self.st.since_ns), left
+        cdef int st = w & ST_MASK
+        if st == S_ISOLATED:
+            return INFINITY
+        if st != S_OPEN:
+            return 0.0
+        left = since + open_period(self.st.cfg, w_level(w)) - self._now()
+        return (left if left > 0 else 0) / 1e9
+
+    def metrics(self):
+        """An immutable snapshot of the counters."""
+        cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t cur = fb_load_rlx(&self.st.consec), agg, rec = 0, fail = 0, slow = 0
+        cdef bint closed = (w & ST_MASK) == S_CLOSED
+        cdef bint windowed = self.st.win != NULL
+        if windowed:
+            agg = fb_load_rlx(&self.st.win.agg)
+            rec = (agg & AGG_MASK) - AGG_BIAS
+            fail = ((agg >> AGG_BITS) & AGG_MASK) - AGG_BIAS
+            slow = ((agg >> (2 * AGG_BITS)) & AGG_MASK) - AGG_BIAS
+        return Metrics(
+            state=_STATES[w & ST_MASK],
+            permitted=fb_load_rlx(&self.st.permitted),
+            rejected=fb_load_rlx(&self.st.rejected),
+            successes=fb_load_rlx(&self.st.successes),
+            failures=fb_load_rlx(&self.st.failures),
+            slow_calls=fb_load_rlx(&self.st.slow_calls),
+            ignored=fb_load_rlx(&self.st.ignored),
+            stale=fb_load_rlx(&self.st.stale),
+            opened=fb_load_rlx(&self.st.opened),
+            consecutive_failures=(cur & CONSEC_MASK) if closed and (cur >> CONSEC_SHIFT) == w_gen(w) else 0,
+            failure_rate=((<double>fail / rec) if rec > 0 else 0.0) if windowed else None,
+            slow_call_rate=((<double>slow / rec) if rec > 0 else 0.0) if windowed else None,
+            recorded=rec if windowed else 0,
+        )
+
+    def on_state_change(self, callback):
+        """Register ``callback(breaker, old_state, new_state)``; returns it (decorator-friendly)."""
+        cdef Config config
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        with _listener_lock:
+            config = <Config>self.st.cfg.owner
+            if config.shared:
+                config = config.copy()
+                self._set_config(config)
+            config.listeners = config.listeners + (callback,)
+        return callback
+
+    def __repr__(self):
+        return f"<CircuitBreaker name={self.name!r} state={self.state.name}>"
+
+
+import threading
+_listener_lock = threading.Lock()

@@ -1,0 +1,454 @@
+"""The pure-Python reference twin of the circuit breaker core: this file is the specification.
+
+The compiled core (``_breaker_c.pyx``) implements the same state machine with C atomics; it must
+be observably identical (a hypothesis test drives both with the same operations). Here one lock
+guards the state; callbacks always run after it is released.
+
+Generations: every transition bumps ``_gen``. A permit is the generation it was admitted in; its
+outcome changes state only while that generation is still current, otherwise it is counted as
+stale. Each generation has exactly one state, so the permit alone tells a probe (HALF_OPEN
+generation) from a normal call (CLOSED generation).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from fractions import Fraction
+from typing import Any, Awaitable, Callable, Optional, TypeVar
+
+from . import _calls
+from ._errors import CircuitOpenError, State
+from ._metrics import Metrics
+from ._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SLOW, OUT_SUCCESS, BreakerOptions
+from ._options import Duration, ExcTypes, FailurePredicate
+from time import monotonic_ns as _monotonic_ns
+
+__all__ = ["CircuitBreaker", "Config", "Group", "Metrics"]
+
+T = TypeVar("T")
+
+CLOSED, OPEN, HALF_OPEN, ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
+_MAX_LEVEL = 40  # backoff doublings beyond this are capped anyway
+
+
+class Group:
+    """Shared by the breakers of one BreakerMap: how many are not CLOSED, and the trip bound."""
+
+    __slots__ = ("open", "size", "suppressed", "_num", "_den", "_lock")
+
+    def __init__(self, max_open_ratio: float) -> None:
+        frac = Fraction(repr(float(max_open_ratio))).limit_denominator(1_000_000)
+        self._num, self._den = frac.numerator, frac.denominator
+        self.open = 0
+        self.size = 0
+        self.suppressed = 0
+        self._lock = threading.Lock()
+
+    def bound(self) -> int:
+        """``max(1, floor(max_open_ratio * size))``, computed exactly."""
+        return max(1, self.size * self._num // self._den)
+
+    def try_reserve(self) -> bool:
+        """Count one more non-CLOSED breaker if the bound allows it, else count a suppression."""
+        with self._lock:
+            if self.open + 1 > self.bound():
+                self.suppressed += 1
+                return False
+            self.open += 1
+            return True
+
+    def add_open(self, delta: int) -> None:
+        with self._lock:
+            self.open += delta
+
+    def add_size(self, delta: int) -> None:
+        with self._lock:
+            self.size += delta
+
+
+class Config:
+    """Options plus what a BreakerMap shares with its breakers (group and state-change hook)."""
+
+    __slots__ = ("options", "group", "hook")
+
+    def __init__(
+        self,
+        options: BreakerOptions,
+        group: Optional[Group] = None,
+        hook: Optional[Callable[[Any, State, State], None]] = None,
+    ) -> None:
+        self.options = options
+        self.group = group
+        self.hook = hook
+
+
+class CircuitBreaker:
+    """A circuit breaker: lock-free in the compiled core, this twin guards its state with a lock.
+
+    See the README for the semantics of every option. ``allow()``/``record_*()`` are the raw
+    API; ``call``, ``call_async``, the decorator and ``with``/``async with`` manage permits
+    themselves (outcomes of calls admitted before the latest transition are stale).
+    """
+
+    __slots__ = (
+        "_config", "_label", "_listeners", "_lock",
+        "_state", "_gen", "_inflight", "_probe_ok", "_level", "_since_ns", "_consec",
+        "_ring", "_head", "_rec", "_fail", "_slow",
+        "_permitted", "_rejected", "_successes", "_failures", "_slow_calls", "_ignored",
+        "_stale", "_opened", "__weakref__",
+    )
+
+    def __init__(
+        self,
+        failure_threshold: int = 5,
+        reset_timeout: Duration = 30.0,
+        *,
+        window: int = 0,
+        min_calls: int = 20,
+        failure_rate: float = 0.5,
+        slow_call_duration: Optional[Duration] = None,
+        slow_call_rate: float = 1.0,
+        half_open_max_calls: int = 1,
+        success_threshold: int = 1,
+        max_reset_timeout: Optional[Duration] = None,
+        probe_timeout: Optional[Duration] = None,
+        failure_on: ExcTypes | FailurePredicate = (Exception,),
+        ignore: ExcTypes = (),
+        name: Optional[str] = None,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        options = BreakerOptions(
+            failure_threshold, reset_timeout, window=window, min_calls=min_calls,
+            failure_rate=failure_rate, slow_call_duration=slow_call_duration,
+            slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
+            success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
+            probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore, clock=clock,
+        )
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r}")
+        self._setup(Config(options), name)
+
+    @classmethod
+    def _from_config(cls, config: Config, label: object) -> "CircuitBreaker":
+        """A breaker sharing ``config`` (BreakerMap); ``name`` is ``str(label)``."""
+        self = cls.__new__(cls)
+        self._setup(config, label)
+        return self
+
+    def _setup(self, config: Config, label: object) -> None:
+        self._config = config
+        self._label = label
+        self._listeners: tuple[Callable[..., Any], ...] = ()
+        self._lock = threading.Lock()
+        self._state = CLOSED
+        self._gen = 0
+        self._inflight = 0
+        self._probe_ok = 0
+        self._level = 0
+        self._since_ns = 0
+        self._consec = 0
+        n = config.options.window
+        self._ring = bytearray(n) if n else None
+        self._head = self._rec = self._fail = self._slow = 0
+        self._permitted = self._rejected = self._successes = self._failures = 0
+        self._slow_calls = self._ignored = self._stale = self._opened = 0
+
+    # -- time -------------------------------------------------------------------------------
+    def _now(self) -> int:
+        clock = self._config.options.clock
+        return clock() if clock is not None else _monotonic_ns()
+
+    def _open_period_ns(self, level: int) -> int:
+        opts = self._config.options
+        if not opts.max_reset_ns:
+            return opts.reset_ns
+        return min(opts.max_reset_ns, opts.reset_ns << min(level, _MAX_LEVEL))
+
+    # -- transitions (called with the lock held; return the transition to report) ----------
+    def _enter(self, new: State, now: int = 0) -> tuple[State, State]:
+        old = self._state
+        group = self._config.group
+        if group is not None and (old == CLOSED) != (new == CLOSED):
+            group.add_open(1 if old == CLOSED else -1)
+        self._state = new
+        self._gen += 1
+        self._inflight = self._probe_ok = 0
+        if new == OPEN:
+            self._since_ns = now
+            self._opened += 1
+        elif new == HALF_OPEN:
+            self._since_ns = now
+        elif new == CLOSED:
+            self._consec = 0
+            self._clear_window()
+        return old, new
+
+    def _clear_window(self) -> None:
+        if self._ring is not None:
+            self._ring = bytearray(len(self._ring))
+        self._head = self._rec = self._fail = self._slow = 0
+
+    def _reopen(self, now: int) -> tuple[State, State]:
+        """HALF_OPEN -> OPEN: a probe failed or leaked; the open period backs off."""
+        self._level = min(self._level + 1, _MAX_LEVEL)
+        return self._enter(OPEN, now)
+
+    # -- the state machine -------------------------------------------------------------------
+    def _acquire(self) -> tuple[int, Optional[tuple[State, State]]]:
+        """Admit a call: its permit (>= 0), or -1 when rejected; and the transition made."""
+        trans = None
+        with self._lock:
+            state = self._state
+            if state == CLOSED:
+                self._permitted += 1
+                return self._gen, None
+            permit = -1
+            if state == OPEN:
+                now = self._now()
+                if now - self._since_ns >= self._open_period_ns(self._level):
+                    trans = self._enter(HALF_OPEN, now)
+                    self._inflight = 1
+                    permit = self._gen
+            elif state == HALF_OPEN:
+                opts = self._config.options
+                now = self._now()
+                if self._inflight and now - self._since_ns >= opts.probe_timeout_ns:
+                    trans = self._reopen(now)  # every outstanding probe counts as failed
+                elif self._inflight < opts.half_open_max_calls:
+                    self._inflight += 1
+                    self._since_ns = max(self._since_ns, now)
+                    permit = self._gen
+            if permit >= 0:
+                self._permitted += 1
+            else:
+                self._rejected += 1
+            return permit, trans
+
+    def _release(self, permit: int, outcome: int) -> Optional[tuple[State, State]]:
+        """Record the outcome of the call admitted with ``permit`` (see module docstring)."""
+        with self._lock:
+            if permit != self._gen or self._state not in (CLOSED, HALF_OPEN):
+                self._stale += 1
+                return None
+            if self._state == HALF_OPEN:
+                if self._inflight == 0:
+                    self._stale += 1
+                    return None
+                return self._release_probe(outcome)
+            return self._release_closed(outcome)
+
+    def _release_probe(self, outcome: int) -> Optional[tuple[State, State]]:
+        opts = self._config.options
+        if outcome == OUT_NEUTRAL:
+            self._ignored += 1
+            self._inflight -= 1
+            return None
+        if outcome == OUT_FAILURE:
+            self._failures += 1
+            return self._reopen(self._now())
+        self._successes += 1
+        if outcome == OUT_SLOW:
+            self._slow_calls += 1
+            return self._reopen(self._now())
+        if self._probe_ok + 1 >= opts.success_threshold:
+            self._level = 0
+            return self._enter(CLOSED)
+        self._probe_ok += 1
+        self._inflight -= 1
+        return None
+
+    def _release_closed(self, outcome: int) -> Optional[tuple[State, State]]:
+        opts = self._config.options
+        if outcome == OUT_NEUTRAL:
+            self._ignored += 1
+            return None
+        failed = outcome == OUT_FAILURE
+        if failed:
+            self._failures += 1
+        else:
+            self._successes += 1
+            if outcome == OUT_SLOW:
+                self._slow_calls += 1
+        if self._ring is None:
+            # consecutive mode: a slow call counts as a failure
+            if failed or outcome == OUT_SLOW:
+                self._consec += 1
+                if self._consec >= opts.failure_threshold:
+                    return self._auto_trip()
+            else:
+                self._consec = 0
+            return None
+        self._consec = self._consec + 1 if failed else 0
+        ring = self._ring
+        idx = self._head % len(ring)
+        self._head += 1
+        old = ring[idx]
+        new = 1 | (2 if failed else 0) | (4 if outcome == OUT_SLOW else 0)
+        ring[idx] = new
+        if old & 1:
+            self._fail -= (old >> 1) & 1
+            self._slow -= (old >> 2) & 1
+        else:
+            self._rec += 1
+        self._fail += failed
+        self._slow += outcome == OUT_SLOW
+        if self._rec >= opts.min_calls and (
+            self._fail / self._rec >= opts.failure_rate
+            or (opts.slow_ns and self._slow / self._rec >= opts.slow_rate)
+        ):
+            return self._auto_trip()
+        return None
+
+    def _auto_trip(self) -> Optional[tuple[State, State]]:
+        group = self._config.group
+        if group is not None and not group.try_reserve():
+            return None  # suppressed: stays CLOSED, its failures stay recorded
+        if group is not None:
+            group.add_open(-1)  # _enter counts it
+        return self._enter(OPEN, self._now())
+
+    def _fire(self, trans: Optional[tuple[State, State]]) -> None:
+        if trans is not None and trans[0] != trans[1]:
+            _calls.fire(self, self._listeners, self._config.hook, trans[0], trans[1])
+
+    # -- raw API -----------------------------------------------------------------------------
+    def allow(self) -> bool:
+        """Admit one call (True) or reject it (False); the caller reports its outcome."""
+        permit, trans = self._acquire()
+        if trans is not None:
+            self._fire(trans)
+        return permit >= 0
+
+    def _raw_permit(self) -> int:
+        # Raw outcomes belong to the current generation when it can take them (rule 5).
+        with self._lock:
+            if self._state == CLOSED or (self._state == HALF_OPEN and self._inflight):
+                return self._gen
+            return -1
+
+    def record_success(self, elapsed: Optional[Duration] = None) -> None:
+        """Report a success; ``elapsed`` seconds (or timedelta) make it slow when over the limit."""
+        self._fire(self._release(self._raw_permit(), _calls.success_outcome(self, elapsed)))
+
+    def record_failure(self) -> None:
+        """Report a failure of a call admitted by ``allow()``."""
+        self._fire(self._release(self._raw_permit(), OUT_FAILURE))
+
+    # -- call paths ----------------------------------------------------------------------------
+    def _permit_or_raise(self) -> int:
+        permit, trans = self._acquire()
+        if trans is not None:
+            self._fire(trans)
+        if permit < 0:
+            raise self._open_error()
+        return permit
+
+    def _open_error(self) -> CircuitOpenError:
+        with self._lock:
+            state = self._state
+        return CircuitOpenError(self.name, state, self.retry_after)
+
+    def _finish(self, permit: int, outcome: int) -> None:
+        self._fire(self._release(permit, outcome))
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
+        return _calls.call(self, fn, args, kwargs)
+
+    def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        """Await ``fn(*args, **kwargs)`` through the breaker."""
+        return _calls.call_async(self, fn, args, kwargs)
+
+    def __call__(self, fn: Any) -> Any:
+        return _calls.decorate(self, fn)
+
+    def __enter__(self) -> "CircuitBreaker":
+        _calls.enter(self)
+        return self
+
+    def __exit__(self, et: Any, exc: Any, tb: Any) -> None:
+        _calls.exit(self, exc)
+
+    async def __aenter__(self) -> "CircuitBreaker":
+        _calls.enter(self)
+        return self
+
+    async def __aexit__(self, et: Any, exc: Any, tb: Any) -> None:
+        _calls.exit(self, exc)
+
+    # -- manual control ------------------------------------------------------------------------
+    def trip(self) -> None:
+        """Force OPEN now (a fresh open period; lazy recovery follows). No effect when ISOLATED."""
+        now = self._now()
+        with self._lock:
+            trans = None if self._state == ISOLATED else self._enter(OPEN, now)
+        self._fire(trans)
+
+    def isolate(self) -> None:
+        """Reject every call until ``reset()``."""
+        with self._lock:
+            trans = self._enter(ISOLATED)
+        self._fire(trans)
+
+    def reset(self) -> None:
+        """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
+        with self._lock:
+            self._level = 0
+            trans = self._enter(CLOSED)
+        self._fire(trans)
+
+    # -- inspection ------------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """The stored state (reading it never makes a transition)."""
+        return self._state
+
+    @property
+    def name(self) -> Optional[str]:
+        return None if self._label is None else str(self._label)
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until a probe may pass: OPEN, the rest of the open period; ISOLATED, inf."""
+        with self._lock:
+            state, since, level = self._state, self._since_ns, self._level
+        if state == ISOLATED:
+            return math.inf
+        if state != OPEN:
+            return 0.0
+        left = since + self._open_period_ns(level) - self._now()
+        return max(0, left) / 1e9
+
+    def metrics(self) -> Metrics:
+        """An immutable snapshot of the counters."""
+        window = self._config.options.window
+        with self._lock:
+            closed = self._state == CLOSED
+            rec = self._rec
+            return Metrics(
+                state=self._state,
+                permitted=self._permitted,
+                rejected=self._rejected,
+                successes=self._successes,
+                failures=self._failures,
+                slow_calls=self._slow_calls,
+                ignored=self._ignored,
+                stale=self._stale,
+                opened=self._opened,
+                consecutive_failures=self._consec if closed else 0,
+                failure_rate=(self._fail / rec if rec else 0.0) if window else None,
+                slow_call_rate=(self._slow / rec if rec else 0.0) if window else None,
+                recorded=rec if window else 0,
+            )
+
+    def on_state_change(self, callback: Callable[[Any, State, State], Any]) -> Callable[..., Any]:
+        """Register ``callback(breaker, old_state, new_state)``; returns it (decorator-friendly)."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        with self._lock:
+            self._listeners = self._listeners + (callback,)
+        return callback
+
+    def __repr__(self) -> str:
+        return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"

@@ -1,0 +1,47 @@
+/* The C layout of one circuit breaker and of what a BreakerMap shares with its breakers.
+ *
+ * Downstream Cython code sees fb_breaker_t only as an opaque pointer (see _breaker_c.pxd): the
+ * fields below may change between releases without breaking code compiled against the API.
+ */
+#ifndef FB_BREAKER_H
+#define FB_BREAKER_H
+
+#include <stdint.h>
+
+/* Outcome codes of fb_breaker_release(). */
+enum { FB_SUCCESS = 0, FB_SLOW = 1, FB_FAILURE = 2, FB_NEUTRAL = 3 };
+/* Non-permit results of fb_breaker_acquire(). */
+enum { FB_REJECTED = -1, FB_NEED_CLOCK = -2 };
+
+typedef struct fb_group_s {
+    int64_t open;        /* breakers not CLOSED */
+    int64_t size;        /* breakers held by the map */
+    int64_t suppressed;  /* automatic trips refused by the bound */
+    int64_t num, den;    /* max_open_ratio as an exact fraction */
+} fb_group_t;
+
+typedef struct fb_config_s {
+    int64_t failure_threshold, min_calls, window, half_open_max, success_threshold;
+    int64_t reset_ns, max_reset_ns, probe_timeout_ns, slow_ns;
+    double failure_rate, slow_rate;
+    int use_c_clock;
+    fb_group_t *group;   /* NULL for a breaker outside a BreakerMap */
+    void *owner;         /* the Python Config object that owns this struct */
+} fb_config_t;
+
+typedef struct fb_window_s {
+    int64_t agg;         /* recorded | failures << 21 | slow << 42, each biased by 2**20 */
+    int64_t head;        /* next ring position (mod window) */
+    int64_t slots[1];    /* 2-bit outcome codes, 32 per word (allocated to size) */
+} fb_window_t;
+
+typedef struct fb_breaker_s {
+    int64_t word;        /* state | busy | probes in flight | probe successes | level | generation */
+    int64_t since_ns;    /* OPEN: trip time; HALF_OPEN: latest probe admission */
+    int64_t consec;      /* generation << 40 | consecutive failures */
+    fb_window_t *win;    /* NULL in consecutive mode */
+    fb_config_t *cfg;
+    int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened;
+} fb_breaker_t;
+
+#endif

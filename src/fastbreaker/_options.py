@@ -1,0 +1,177 @@
+"""Breaker options: validated once, shared by both cores, by every breaker of a BreakerMap.
+
+``BreakerOptions`` turns the public keyword arguments into the integers the state machine uses
+(durations in ns, the effective ``min_calls``) and holds the exception classification. Both the
+compiled core and the pure-Python twin build their configuration from it, so validation and its
+messages exist once.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Callable, Union
+
+from ._durations import check_count, check_rate, seconds_to_ns
+
+__all__ = [
+    "BreakerOptions",
+    "FailurePredicate",
+    "OUT_SUCCESS",
+    "OUT_SLOW",
+    "OUT_FAILURE",
+    "OUT_NEUTRAL",
+    "MAX_WINDOW",
+    "MAX_PROBES",
+]
+
+#: Outcome codes passed from the call paths to the cores.
+OUT_SUCCESS, OUT_SLOW, OUT_FAILURE, OUT_NEUTRAL = 0, 1, 2, 3
+
+#: The compiled core packs window counts and probe counts into 64-bit words; these are the limits.
+MAX_WINDOW = 1_000_000
+MAX_PROBES = 65_535
+MAX_THRESHOLD = 2**40 - 1
+
+FailurePredicate = Callable[[BaseException], bool]
+ExcTypes = Union[type[BaseException], tuple[type[BaseException], ...]]
+Duration = Union[float, int, datetime.timedelta]
+
+
+def _exc_types(value: object, name: str) -> tuple[type[BaseException], ...]:
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return (value,)
+    if isinstance(value, (tuple, list, frozenset, set)) and all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in value
+    ):
+        return tuple(value)
+    raise TypeError(
+        f"{name} must be an exception type or a tuple of exception types"
+        f"{' or a predicate exc -> bool' if name == 'failure_on' else ''}, got {value!r}"
+    )
+
+
+class BreakerOptions:
+    """The validated configuration of a circuit breaker (see ``CircuitBreaker`` for meanings)."""
+
+    __slots__ = (
+        "failure_threshold",
+        "reset_ns",
+        "window",
+        "min_calls",
+        "failure_rate",
+        "slow_ns",
+        "slow_rate",
+        "half_open_max_calls",
+        "success_threshold",
+        "max_reset_ns",
+        "probe_timeout_ns",
+        "failure_types",
+        "failure_predicate",
+        "ignore",
+        "clock",
+    )
+
+    failure_threshold: int
+    reset_ns: int
+    window: int
+    min_calls: int
+    failure_rate: float
+    slow_ns: int
+    slow_rate: float
+    half_open_max_calls: int
+    success_threshold: int
+    max_reset_ns: int
+    probe_timeout_ns: int
+    failure_types: tuple[type[BaseException], ...]
+    failure_predicate: FailurePredicate | None
+    ignore: tuple[type[BaseException], ...]
+    clock: Callable[[], int] | None
+
+    def __init__(
+        self,
+        failure_threshold: int = 5,
+        reset_timeout: Duration = 30.0,
+        *,
+        window: int = 0,
+        min_calls: int = 20,
+        failure_rate: float = 0.5,
+        slow_call_duration: Duration | None = None,
+        slow_call_rate: float = 1.0,
+        half_open_max_calls: int = 1,
+        success_threshold: int = 1,
+        max_reset_timeout: Duration | None = None,
+        probe_timeout: Duration | None = None,
+        failure_on: ExcTypes | FailurePredicate = (Exception,),
+        ignore: ExcTypes = (),
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.failure_threshold = check_count(failure_threshold, "failure_threshold", 1, MAX_THRESHOLD)
+        self.reset_ns = seconds_to_ns(reset_timeout, "reset_timeout")
+        self.window = check_count(window, "window", 0, MAX_WINDOW)
+        min_calls = check_count(min_calls, "min_calls", 1, MAX_THRESHOLD)
+        self.min_calls = min(min_calls, self.window) if self.window else min_calls
+        self.failure_rate = check_rate(failure_rate, "failure_rate")
+        self.slow_ns = (
+            0 if slow_call_duration is None
+            else seconds_to_ns(slow_call_duration, "slow_call_duration", positive=True)
+        )
+        self.slow_rate = check_rate(slow_call_rate, "slow_call_rate")
+        self.half_open_max_calls = check_count(
+            half_open_max_calls, "half_open_max_calls", 1, MAX_PROBES
+        )
+        self.success_threshold = check_count(success_threshold, "success_threshold", 1, MAX_PROBES)
+        if max_reset_timeout is None:
+            self.max_reset_ns = 0
+        else:
+            self.max_reset_ns = seconds_to_ns(max_reset_timeout, "max_reset_timeout", positive=True)
+            if self.max_reset_ns < self.reset_ns:
+                raise ValueError(
+                    f"max_reset_timeout must be >= reset_timeout ({self.reset_ns / 1e9}s), "
+                    f"got {max_reset_timeout!r}"
+                )
+        self.probe_timeout_ns = (
+            self.reset_ns if probe_timeout is None
+            else seconds_to_ns(probe_timeout, "probe_timeout", positive=True)
+        )
+        if callable(failure_on) and not isinstance(failure_on, type):
+            self.failure_types = ()
+            self.failure_predicate = failure_on
+        else:
+            self.failure_types = _exc_types(failure_on, "failure_on")
+            self.failure_predicate = None
+        self.ignore = _exc_types(ignore, "ignore") if ignore != () else ()
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be a zero-argument callable returning int ns, got {clock!r}")
+        self.clock = clock
+
+    def classify(self, exc: BaseException) -> int:
+        """The outcome code of a call that raised ``exc``.
+
+        Non-``Exception`` base exceptions (cancellation, KeyboardInterrupt, GeneratorExit) and
+        ``ignore`` matches are neutral; ``failure_on`` matches are failures; anything else means
+        the dependency answered, so it is a success.
+        """
+        if not isinstance(exc, Exception) or (self.ignore and isinstance(exc, self.ignore)):
+            return OUT_NEUTRAL
+        if self.failure_predicate is not None:
+            return OUT_FAILURE if self.failure_predicate(exc) else OUT_SUCCESS
+        return OUT_FAILURE if isinstance(exc, self.failure_types) else OUT_SUCCESS
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as keyword arguments (durations in seconds), for copies and reprs."""
+        return {
+            "failure_threshold": self.failure_threshold,
+            "reset_timeout": self.reset_ns / 1e9,
+            "window": self.window,
+            "min_calls": self.min_calls,
+            "failure_rate": self.failure_rate,
+            "slow_call_duration": self.slow_ns / 1e9 if self.slow_ns else None,
+            "slow_call_rate": self.slow_rate,
+            "half_open_max_calls": self.half_open_max_calls,
+            "success_threshold": self.success_threshold,
+            "max_reset_timeout": self.max_reset_ns / 1e9 if self.max_reset_ns else None,
+            "probe_timeout": self.probe_timeout_ns / 1e9,
+            "failure_on": self.failure_predicate or self.failure_types,
+            "ignore": self.ignore,
+            "clock": self.clock,
+        }
