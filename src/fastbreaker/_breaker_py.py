@@ -30,6 +30,7 @@ T = TypeVar("T")
 
 CLOSED, OPEN, HALF_OPEN, ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
 _MAX_LEVEL = 40  # backoff doublings beyond this are capped anyway
+_listener_lock = threading.Lock()
 
 
 class Group:
@@ -68,9 +69,13 @@ class Group:
 
 
 class Config:
-    """Options plus what a BreakerMap shares with its breakers (group and state-change hook)."""
+    """Options plus what a BreakerMap shares with its breakers (group and state-change hook).
 
-    __slots__ = ("options", "group", "hook")
+    ``listeners`` are the breaker's own callbacks: a breaker whose config is ``shared`` (by a
+    BreakerMap) gets a private copy when its first callback is registered.
+    """
+
+    __slots__ = ("options", "group", "hook", "listeners", "shared")
 
     def __init__(
         self,
@@ -81,6 +86,14 @@ class Config:
         self.options = options
         self.group = group
         self.hook = hook
+        self.listeners: tuple[Callable[..., Any], ...] = ()
+        self.shared = False
+
+    def copy(self, *, keep_group: bool = True) -> "Config":
+        """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
+        other = Config(self.options, self.group if keep_group else None, self.hook)
+        other.listeners = self.listeners
+        return other
 
 
 class CircuitBreaker:
@@ -92,7 +105,7 @@ class CircuitBreaker:
     """
 
     __slots__ = (
-        "_config", "_label", "_listeners", "_lock",
+        "_config", "_label", "_lock",
         "_state", "_gen", "_inflight", "_probe_ok", "_level", "_since_ns", "_consec",
         "_ring", "_head", "_rec", "_fail", "_slow",
         "_permitted", "_rejected", "_successes", "_failures", "_slow_calls", "_ignored",
@@ -139,7 +152,6 @@ class CircuitBreaker:
     def _setup(self, config: Config, label: object) -> None:
         self._config = config
         self._label = label
-        self._listeners: tuple[Callable[..., Any], ...] = ()
         self._lock = threading.Lock()
         self._state = CLOSED
         self._gen = 0
@@ -310,7 +322,8 @@ class CircuitBreaker:
 
     def _fire(self, trans: Optional[tuple[State, State]]) -> None:
         if trans is not None and trans[0] != trans[1]:
-            _calls.fire(self, self._listeners, self._config.hook, trans[0], trans[1])
+            config = self._config
+            _calls.fire(self, config.listeners, config.hook, trans[0], trans[1])
 
     # -- raw API -----------------------------------------------------------------------------
     def allow(self) -> bool:
@@ -446,9 +459,19 @@ class CircuitBreaker:
         """Register ``callback(breaker, old_state, new_state)``; returns it (decorator-friendly)."""
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        with self._lock:
-            self._listeners = self._listeners + (callback,)
+        with _listener_lock:
+            config = self._config
+            if config.shared:
+                config = config.copy()
+                self._set_config(config)
+            config.listeners = config.listeners + (callback,)
         return callback
+
+    def _set_config(self, config: Config) -> None:
+        """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
+        if config.options.window != self._config.options.window:
+            raise ValueError("a breaker's window size cannot change")
+        self._config = config
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"
