@@ -1,0 +1,171 @@
+# cython: language_level=3, freethreading_compatible=True
+# cython: auto_pickle=False
+"""RetryBudget, compiled: the token bucket of ``_budget_py`` (the spec) on C atomics.
+
+The state is a plain C struct (see ``_budget_c.pxd``) changed only by ``noexcept nogil``
+functions, so other Cython code can deposit and take tokens without the GIL. The ``def`` methods
+are thin wrappers that read a Python clock, when one is given, and pass ``now`` in.
+"""
+
+cimport cython
+from libc.stdint cimport int64_t
+
+from ._budget_py import UNIT as _PY_UNIT, _check_clock, _config, _now
+
+cdef extern from "_fb_atomic.h" nogil:
+    int64_t fb_load_acq(int64_t *p)
+    int64_t fb_load_rlx(int64_t *p)
+    int fb_cas(int64_t *p, int64_t *expected, int64_t desired)
+    int64_t fb_monotonic_ns()
+
+cdef enum:
+    UNIT = 1000000
+    US_PER_SEC = 1000000
+
+assert UNIT == _PY_UNIT
+
+
+cdef inline int64_t _accrued(int64_t elapsed_us, int64_t rate, int64_t capacity) noexcept nogil:
+    # Same split as _budget_py._accrued; the bounds checked in _config keep every product below
+    # 2**63 (secs * rate <= capacity <= 10**18, rest_us * rate < 10**6 * 10**12).
+    cdef int64_t secs = elapsed_us // US_PER_SEC
+    cdef int64_t rest_us = elapsed_us % US_PER_SEC
+    cdef int64_t credit
+    if secs > capacity // rate:
+        return capacity
+    credit = secs * rate + rest_us * rate // US_PER_SEC
+    return capacity if credit > capacity else credit
+
+
+cdef inline void _add_capped(fb_budget_t *b, int64_t amount) noexcept nogil:
+    # CAS loop rather than fetch-add: a plain add could overshoot capacity, and a taker could
+    # spend the overshoot before it is clamped. When the bucket is full (the common case for a
+    # healthy service) this is a single load and no write, so successes share the cache line.
+    cdef int64_t cur = fb_load_rlx(&b.tokens)
+    cdef int64_t new
+    while True:
+        new = cur + amount
+        if new > b.capacity:
+            new = b.capacity
+        if new <= cur:
+            return
+        if fb_cas(&b.tokens, &cur, new):
+            return
+
+
+cdef inline void _refill(fb_budget_t *b, int64_t now) noexcept nogil:
+    # Lazy accrual. The caller that moves last_ns forward by CAS owns the interval it skipped and
+    # credits exactly that; a loser sees the new last_ns and credits only what is left, if any.
+    # So concurrent callers never credit the same time twice. Whole microseconds only: the rest
+    # stays before last_ns and is credited later.
+    cdef int64_t last, elapsed_us
+    if b.rate == 0:
+        return
+    if now < 0:
+        if not b.use_c_clock:
+            return
+        now = fb_monotonic_ns()
+    last = fb_load_acq(&b.last_ns)
+    while True:
+        if now - last < 1000:
+            return
+        elapsed_us = (now - last) // 1000
+        if fb_cas(&b.last_ns, &last, last + elapsed_us * 1000):
+            break
+    _add_capped(b, _accrued(elapsed_us, b.rate, b.capacity))
+
+
+cdef void fb_budget_deposit(fb_budget_t *b) noexcept nogil:
+    _add_capped(b, b.deposit)
+
+
+cdef int fb_budget_try_take(fb_budget_t *b, int64_t now) noexcept nogil:
+    _refill(b, now)
+    cdef int64_t cur = fb_load_rlx(&b.tokens)
+    while cur >= UNIT:
+        if fb_cas(&b.tokens, &cur, cur - UNIT):
+            return 1
+    return 0
+
+
+cdef inline int64_t _read_clock(object clock) except -1:
+    return fb_monotonic_ns() if clock is None else _now(clock)
+
+
+@cython.final
+cdef class RetryBudget:
+    """A token bucket that limits retries to a share of successes plus a small steady reserve.
+
+    ``ratio`` tokens are deposited per success (``record_success()``), ``allow_retry()`` takes one
+    token or refuses, ``min_per_sec`` tokens per second accrue lazily, and the bucket holds at most
+    ``capacity`` tokens (it starts full). ``clock`` (a zero-argument callable returning int
+    nanoseconds, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic clock.
+    """
+
+    def __init__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
+        deposit, cap, rate = _config(ratio, capacity, min_per_sec)
+        _check_clock(clock)
+        self._clock = clock
+        self.state.deposit = deposit
+        self.state.capacity = cap
+        self.state.rate = rate
+        self.state.use_c_clock = clock is None
+        self.state.tokens = cap
+        self.state.last_ns = _read_clock(clock)
+
+    @cython.binding(False)
+    def record_success(self):
+        """Deposit ``ratio`` tokens, up to ``capacity``. Never reads the clock."""
+        fb_budget_deposit(&self.state)
+
+    @cython.binding(False)
+    def allow_retry(self):
+        """Take one token if at least one is available (after the lazy refill); else ``False``."""
+        cdef int64_t now = -1
+        if self._clock is not None:
+            now = _now(self._clock)
+        return <bint>fb_budget_try_take(&self.state, now)
+
+    @property
+    def tokens(self):
+        """The tokens available now, including what has accrued since the last refill."""
+        _refill(&self.state, _read_clock(self._clock))
+        return <double>fb_load_acq(&self.state.tokens) / UNIT
+
+    @property
+    def ratio(self):
+        """Tokens deposited per success."""
+        return <double>self.state.deposit / UNIT
+
+    @property
+    def capacity(self):
+        """The most tokens the bucket holds."""
+        return <double>self.state.capacity / UNIT
+
+    @property
+    def min_per_sec(self):
+        """Tokens that accrue per second without any success."""
+        return <double>self.state.rate / UNIT
+
+    def __repr__(self):
+        return (
+            f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
+            f"min_per_sec={self.min_per_sec!r}, "
+            f"tokens={<double>fb_load_acq(&self.state.tokens) / UNIT!r})"
+        )
+
+
+def _hammer(RetryBudget budget, Py_ssize_t deposits, Py_ssize_t takes, int64_t now, int64_t step):
+    """Test-only: ``deposits`` deposits interleaved with ``takes`` takes at times ``now``,
+    ``now + step``, ... through the nogil entry points, with the GIL released so that threads
+    really run in parallel. Returns the number of tokens taken."""
+    cdef Py_ssize_t i
+    cdef Py_ssize_t taken = 0
+    cdef fb_budget_t *b = &budget.state
+    with nogil:
+        for i in range(deposits if deposits > takes else takes):
+            if i < deposits:
+                fb_budget_deposit(b)
+            if i < takes:
+                taken += fb_budget_try_take(b, now + i * step)
+    return taken

@@ -1,0 +1,164 @@
+"""RetryBudget, the pure-Python reference twin: this module is the spec that ``_budget_c`` follows.
+
+A token bucket that bounds how many retries a client may send:
+
+* the bucket starts full at ``capacity`` tokens;
+* every success deposits ``ratio`` tokens (capped at ``capacity``) and never reads the clock;
+* a retry takes one whole token and is refused below one;
+* ``min_per_sec`` tokens per second accrue lazily, computed when a retry asks (or ``tokens`` is
+  read) from the time elapsed since the last refill, so that a quiet service can still retry a
+  little. No timer, no thread.
+
+Tokens are fixed-point integers (``UNIT`` units per token) so that both implementations do the
+same integer arithmetic and give identical results; every intermediate value stays inside int64.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["RetryBudget"]
+
+UNIT = 1_000_000
+"""Fixed-point units per token."""
+
+MAX_TOKENS = 10**12
+"""Upper bound of ``capacity`` and ``ratio``: capacity + deposit stays far below 2**63 units."""
+
+MAX_RATE = 10**6
+"""Upper bound of ``min_per_sec``: the sub-second refill product stays below 2**63."""
+
+_US_PER_SEC = 1_000_000
+
+
+def _units(value: object, name: str, lo: int, hi: int) -> int:
+    """Validate a token amount in ``[lo, hi]`` and return it in fixed-point units."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:  # also rejects NaN
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+    return round(value * UNIT)
+
+
+def _config(ratio: object, capacity: object, min_per_sec: object) -> tuple[int, int, int]:
+    """Validate the options; return ``(deposit, capacity, rate)`` in units (rate: units/s).
+
+    Shared with ``_budget_c`` so that both implementations round the options identically.
+    """
+    return (
+        _units(ratio, "ratio", 0, MAX_TOKENS),
+        _units(capacity, "capacity", 1, MAX_TOKENS),
+        _units(min_per_sec, "min_per_sec", 0, MAX_RATE),
+    )
+
+
+def _check_clock(clock: object) -> None:
+    if clock is not None and not callable(clock):
+        raise TypeError(f"clock must be a zero-argument callable returning int ns, got {clock!r}")
+
+
+def _now(clock: Callable[[], int]) -> int:
+    """Read a Python clock: an int of nanoseconds >= 0."""
+    now = operator.index(clock())
+    if now < 0:
+        raise ValueError(f"clock must return a time in ns >= 0, got {now!r}")
+    return now
+
+
+def _accrued(elapsed_us: int, rate: int, capacity: int) -> int:
+    """Units that accrue in ``elapsed_us`` microseconds at ``rate`` units/s, capped at capacity.
+
+    Split into whole seconds and the rest so that no product leaves int64 in C: whole seconds are
+    only multiplied when the result is at most ``capacity``, and the rest is below one second.
+    """
+    secs, rest_us = divmod(elapsed_us, _US_PER_SEC)
+    if secs > capacity // rate:
+        return capacity
+    return min(secs * rate + rest_us * rate // _US_PER_SEC, capacity)
+
+
+class RetryBudget:
+    """A token bucket that limits retries to a share of successes plus a small steady reserve.
+
+    ``ratio`` tokens are deposited per success (``record_success()``), ``allow_retry()`` takes one
+    token or refuses, ``min_per_sec`` tokens per second accrue lazily, and the bucket holds at most
+    ``capacity`` tokens (it starts full). ``clock`` (a zero-argument callable returning int
+    nanoseconds, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic clock.
+    """
+
+    __slots__ = ("_tokens", "_last_ns", "_deposit", "_capacity", "_rate", "_clock", "_lock")
+
+    def __init__(
+        self,
+        ratio: float = 0.1,
+        capacity: float = 100.0,
+        min_per_sec: float = 1.0,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self._deposit, self._capacity, self._rate = _config(ratio, capacity, min_per_sec)
+        _check_clock(clock)
+        self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
+        self._lock = threading.Lock()
+        self._tokens = self._capacity
+        self._last_ns = _now(self._clock)
+
+    def record_success(self) -> None:
+        """Deposit ``ratio`` tokens, up to ``capacity``. Never reads the clock."""
+        with self._lock:
+            self._tokens = min(self._tokens + self._deposit, self._capacity)
+
+    def allow_retry(self) -> bool:
+        """Take one token if at least one is available (after the lazy refill); else ``False``."""
+        now = _now(self._clock)
+        with self._lock:
+            self._refill(now)
+            if self._tokens < UNIT:
+                return False
+            self._tokens -= UNIT
+            return True
+
+    @property
+    def tokens(self) -> float:
+        """The tokens available now, including what has accrued since the last refill."""
+        now = _now(self._clock)
+        with self._lock:
+            self._refill(now)
+            return float(self._tokens) / UNIT
+
+    @property
+    def ratio(self) -> float:
+        """Tokens deposited per success."""
+        return float(self._deposit) / UNIT
+
+    @property
+    def capacity(self) -> float:
+        """The most tokens the bucket holds."""
+        return float(self._capacity) / UNIT
+
+    @property
+    def min_per_sec(self) -> float:
+        """Tokens that accrue per second without any success."""
+        return float(self._rate) / UNIT
+
+    def _refill(self, now: int) -> None:
+        # Credit whole microseconds only and move the refill time by exactly what was credited,
+        # so the sub-microsecond rest is credited later rather than lost. (The C core claims the
+        # interval with a CAS on the refill time; here the lock does that.)
+        if self._rate == 0:
+            return
+        elapsed_us = (now - self._last_ns) // 1000
+        if elapsed_us <= 0:
+            return
+        self._last_ns += elapsed_us * 1000
+        credit = _accrued(elapsed_us, self._rate, self._capacity)
+        self._tokens = min(self._tokens + credit, self._capacity)
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
+            f"min_per_sec={self.min_per_sec!r}, tokens={float(self._tokens) / UNIT!r})"
+        )
