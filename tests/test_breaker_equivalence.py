@@ -1,0 +1,137 @@
+"""The compiled core and the pure-Python twin are observably identical.
+
+A hypothesis state machine builds one breaker per implementation with the same random options
+and fake clocks, applies the same random operations to both (raw allow/record, permit-based
+call outcomes that may arrive late, clock advances, trip/reset/isolate) and compares every
+decision, the state, ``retry_after`` and the full metrics snapshot after each step.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from fastbreaker import _breaker_py
+from fastbreaker.testing import FakeClock
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="needs the compiled core"
+)
+
+OUTCOMES = st.sampled_from([0, 1, 2, 3])  # success, slow, failure, neutral
+
+
+class SameBehaviour(RuleBasedStateMachine):
+    @initialize(
+        window=st.sampled_from([0, 0, 1, 3, 5, 10]),
+        failure_threshold=st.integers(1, 5),
+        min_calls=st.integers(1, 6),
+        failure_rate=st.sampled_from([0.1, 0.3, 0.5, 0.7, 1.0]),
+        slow=st.sampled_from([None, 0.5]),
+        slow_rate=st.sampled_from([0.5, 1.0]),
+        reset_timeout=st.sampled_from([0, 1, 5]),
+        max_reset=st.sampled_from([None, 12, 40]),
+        probes=st.integers(1, 3),
+        successes=st.integers(1, 3),
+        probe_timeout=st.sampled_from([None, 2, 7]),
+        events=st.booleans(),
+    )
+    def build(self, window, failure_threshold, min_calls, failure_rate, slow, slow_rate,
+              reset_timeout, max_reset, probes, successes, probe_timeout, events):
+        from fastbreaker import _breaker_c
+
+        kw = dict(
+            failure_threshold=failure_threshold, reset_timeout=reset_timeout, window=window,
+            min_calls=min_calls, failure_rate=failure_rate, slow_call_duration=slow,
+            slow_call_rate=slow_rate, half_open_max_calls=probes, success_threshold=successes,
+            max_reset_timeout=max(max_reset, reset_timeout) if max_reset else None,
+            probe_timeout=probe_timeout,
+        )
+        self.clocks = [FakeClock(10**12), FakeClock(10**12)]
+        self.breakers = [
+            _breaker_c.CircuitBreaker(**kw, clock=self.clocks[0]),
+            _breaker_py.CircuitBreaker(**kw, clock=self.clocks[1]),
+        ]
+        self.events = [[], []]
+        if events:
+            for b, log in zip(self.breakers, self.events):
+                b.on_state_change(lambda br, o, n, log=log: log.append((o, n)))
+        self.permits = []  # pairs of permits (c, python) of calls still running
+
+    def both(self, fn):
+        a, b = (fn(x) for x in self.breakers)
+        assert a == b
+        return a
+
+    @rule()
+    def allow(self):
+        self.both(lambda b: b.allow())
+
+    @rule(elapsed=st.sampled_from([None, 0.1, 0.5, 2.0]))
+    def record_success(self, elapsed):
+        self.both(lambda b: b.record_success(elapsed))
+
+    @rule()
+    def record_failure(self):
+        self.both(lambda b: b.record_failure())
+
+    @rule()
+    def start_call(self):
+        def take(b):
+            try:
+                return b._permit_or_raise()
+            except Exception as e:  # CircuitOpenError
+                return (type(e).__name__, e.state, e.retry_after)
+
+        a = take(self.breakers[0])
+        p = take(self.breakers[1])
+        assert (a if isinstance(a, tuple) else "ok") == (p if isinstance(p, tuple) else "ok")
+        if not isinstance(a, tuple):
+            self.permits.append((a, p))
+
+    @rule(data=st.data(), outcome=OUTCOMES)
+    def finish_call(self, data, outcome):
+        if not self.permits:
+            return
+        i = data.draw(st.integers(0, len(self.permits) - 1))
+        a, p = self.permits.pop(i)
+        self.breakers[0]._finish(a, outcome)
+        self.breakers[1]._finish(p, outcome)
+
+    @rule(seconds=st.sampled_from([0.1, 0.5, 1, 2, 5, 13]))
+    def advance(self, seconds):
+        for c in self.clocks:
+            c.advance(seconds)
+
+    @rule()
+    def trip(self):
+        self.both(lambda b: b.trip())
+
+    @rule()
+    def isolate(self):
+        self.both(lambda b: b.isolate())
+
+    @rule()
+    def reset(self):
+        self.both(lambda b: b.reset())
+
+    @invariant()
+    def identical(self):
+        if not hasattr(self, "breakers"):
+            return
+        c, p = self.breakers
+        assert c.state == p.state
+        assert c.retry_after == p.retry_after
+        assert c.metrics() == p.metrics()
+        assert self.events[0] == self.events[1]
+
+
+SameBehaviour.TestCase.settings = settings(
+    max_examples=int(os.environ.get("FB_HYPOTHESIS_EXAMPLES", "150")),
+    stateful_step_count=60,
+    deadline=None,
+)
+test_same_behaviour = SameBehaviour.TestCase
