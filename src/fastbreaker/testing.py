@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
+from collections.abc import Iterator
 
-__all__ = ["FakeClock"]
+from . import _retry
+
+__all__ = ["FakeClock", "instant_retries"]
 
 
 class FakeClock:
@@ -38,3 +42,26 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"FakeClock({self._ns})"
+
+
+@contextlib.contextmanager
+def instant_retries() -> Iterator[list[float]]:
+    """While active, retries anywhere in the process do not really sleep.
+
+    Delays are still computed, passed to ``on_retry`` and checked against deadlines; the block
+    yields a list that receives each delay that was skipped::
+
+        with fastbreaker.testing.instant_retries() as delays:
+            fetch()
+        assert len(delays) == 2
+    """
+    record: list[float] = []
+    _retry._instant.append(record)
+    try:
+        yield record
+    finally:
+        # Remove this block's own list (by identity: another block's list may be equal to it).
+        for i, active in enumerate(_retry._instant):
+            if active is record:
+                del _retry._instant[i]
+                break
