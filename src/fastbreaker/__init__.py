@@ -20,7 +20,7 @@ if COMPILED:
     from ._breaker_c import CircuitBreaker, Metrics
     from ._budget_c import RetryBudget
 else:
-    from ._breaker_py import CircuitBreaker, Metrics  # type: ignore[assignment]
+    from ._breaker_py import CircuitBreaker, Metrics
     from ._budget_py import RetryBudget  # type: ignore[assignment]
 
 from . import testing

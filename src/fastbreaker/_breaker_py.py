@@ -15,18 +15,28 @@ from __future__ import annotations
 import math
 import threading
 from fractions import Fraction
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from time import monotonic_ns as _monotonic_ns
+from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar
 
 from . import _calls
 from ._errors import CircuitOpenError, State
 from ._metrics import Metrics
-from ._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SLOW, OUT_SUCCESS, BreakerOptions
-from ._options import Duration, ExcTypes, FailurePredicate
-from time import monotonic_ns as _monotonic_ns
+from ._options import (
+    OUT_FAILURE,
+    OUT_NEUTRAL,
+    OUT_SLOW,
+    OUT_SUCCESS,
+    BreakerOptions,
+    Duration,
+    ExcTypes,
+    FailurePredicate,
+)
 
 __all__ = ["CircuitBreaker", "Config", "Group", "Metrics"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+F = TypeVar("F", bound=Callable[..., Any])
 
 CLOSED, OPEN, HALF_OPEN, ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
 _MAX_LEVEL = 40  # backoff doublings beyond this are capped anyway
@@ -365,16 +375,19 @@ class CircuitBreaker:
     def _finish(self, permit: int, outcome: int) -> None:
         self._fire(self._release(permit, outcome))
 
-    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
         return _calls.call(self, fn, args, kwargs)
 
-    def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+    def call_async(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, T]:
         """Await ``fn(*args, **kwargs)`` through the breaker."""
         return _calls.call_async(self, fn, args, kwargs)
 
-    def __call__(self, fn: Any) -> Any:
-        return _calls.decorate(self, fn)
+    def __call__(self, fn: F) -> F:
+        """``@breaker``: guard a sync or async function (its signature is kept)."""
+        return _calls.decorate(self, fn)  # type: ignore[no-any-return]
 
     def __enter__(self) -> "CircuitBreaker":
         _calls.enter(self)

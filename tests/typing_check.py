@@ -1,0 +1,51 @@
+"""Checked by mypy (tests/test_typing.py), never run: the public API keeps its types."""
+
+from __future__ import annotations
+
+import datetime
+from typing import assert_type
+
+import fastbreaker as fb
+
+breaker = fb.CircuitBreaker(3, datetime.timedelta(seconds=5), window=10, name="db")
+assert_type(breaker.allow(), bool)
+assert_type(breaker.state, fb.State)
+assert_type(breaker.retry_after, float)
+assert_type(breaker.metrics().permitted, int)
+breaker.record_success(0.25)
+breaker.record_failure()
+
+
+@breaker
+def fetch(host: str, *, port: int = 80) -> bytes:
+    return b""
+
+
+@breaker
+async def afetch(host: str) -> int:
+    return 1
+
+
+assert_type(fetch("a", port=1), bytes)
+assert_type(breaker.call(fetch, "h", port=2), bytes)
+
+
+async def use() -> None:
+    assert_type(await afetch("x"), int)
+    assert_type(await breaker.call_async(afetch, "x"), int)
+    with breaker:
+        pass
+    async with breaker:
+        pass
+
+
+@breaker.on_state_change
+def changed(b: object, old: fb.State, new: fb.State) -> None:
+    pass
+
+
+try:
+    breaker.call(fetch, "h")
+except fb.CircuitOpenError as e:
+    assert_type(e.retry_after, float)
+    assert_type(e.state, fb.State)
