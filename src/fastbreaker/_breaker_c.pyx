@@ -454,14 +454,16 @@ cdef class Config:
     cdef public object options
     cdef public object group
     cdef public object hook
-    cdef public tuple listeners
+    cdef public list listeners
     cdef public bint shared
 
     def __init__(self, options, group=None, hook=None):
         self.options = options
         self.group = group
         self.hook = hook
-        self.listeners = ()
+        # Only ever appended to, never replaced: a thread firing callbacks can read it while
+        # another registers one (lists are internally locked on free-threaded builds).
+        self.listeners = []
         self.shared = False
         self.c.failure_threshold = options.failure_threshold
         self.c.min_calls = options.min_calls
@@ -481,7 +483,7 @@ cdef class Config:
     def copy(self, *, keep_group=True):
         """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
         cdef Config other = Config(self.options, self.group if keep_group else None, self.hook)
-        other.listeners = self.listeners
+        other.listeners = list(self.listeners)
         return other
 
 
@@ -562,7 +564,7 @@ cdef class CircuitBreaker:
         if old == new:
             return
         config = <Config>self.st.cfg.owner
-        _calls.fire(self, config.listeners, config.hook, _STATES[old], _STATES[new])
+        _calls.fire(self, tuple(config.listeners), config.hook, _STATES[old], _STATES[new])
 
     cdef inline int64_t _acquire(self):
         cdef int trans = 0
@@ -744,7 +746,7 @@ cdef class CircuitBreaker:
             if config.shared:
                 config = config.copy()
                 self._set_config(config)
-            config.listeners = config.listeners + (callback,)
+            config.listeners.append(callback)
         return callback
 
     def __repr__(self):

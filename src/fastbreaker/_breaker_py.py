@@ -96,13 +96,14 @@ class Config:
         self.options = options
         self.group = group
         self.hook = hook
-        self.listeners: tuple[Callable[..., Any], ...] = ()
+        # Only ever appended to, never replaced (see the compiled core).
+        self.listeners: list[Callable[..., Any]] = []
         self.shared = False
 
     def copy(self, *, keep_group: bool = True) -> "Config":
         """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
         other = Config(self.options, self.group if keep_group else None, self.hook)
-        other.listeners = self.listeners
+        other.listeners = list(self.listeners)
         return other
 
 
@@ -333,7 +334,7 @@ class CircuitBreaker:
     def _fire(self, trans: Optional[tuple[State, State]]) -> None:
         if trans is not None and trans[0] != trans[1]:
             config = self._config
-            _calls.fire(self, config.listeners, config.hook, trans[0], trans[1])
+            _calls.fire(self, tuple(config.listeners), config.hook, trans[0], trans[1])
 
     # -- raw API -----------------------------------------------------------------------------
     def allow(self) -> bool:
@@ -477,7 +478,7 @@ class CircuitBreaker:
             if config.shared:
                 config = config.copy()
                 self._set_config(config)
-            config.listeners = config.listeners + (callback,)
+            config.listeners.append(callback)
         return callback
 
     def _set_config(self, config: Config) -> None:
