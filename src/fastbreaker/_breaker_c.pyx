@@ -492,6 +492,7 @@ _STATES = (_CLOSED, _OPEN, _HALF_OPEN, _ISOLATED)
 
 
 @cython.final
+@cython.no_gc
 cdef class CircuitBreaker:
     """A circuit breaker whose hot path is lock-free C (see the README for every option)."""
 
@@ -513,25 +514,14 @@ cdef class CircuitBreaker:
         )
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
-        self._setup(Config(options), name)
+        setup(self, Config(options), name)
 
     @classmethod
     def _from_config(cls, Config config, label):
         """A breaker sharing ``config`` (BreakerMap); ``name`` is ``str(label)``."""
         cdef CircuitBreaker self = CircuitBreaker.__new__(CircuitBreaker)
-        self._setup(config, label)
+        setup(self, config, label)
         return self
-
-    cdef _setup(self, Config config, label):
-        cdef int64_t n = config.c.window
-        if n:
-            self.st.win = <window_t *>PyMem_Calloc(1, sizeof(window_t) + ((n + 31) >> 5) * sizeof(int64_t))
-            if self.st.win == NULL:
-                raise MemoryError()
-            self.st.win.agg = AGG_ZERO
-        Py_INCREF(config)
-        self.st.cfg = &config.c
-        self._label = label
 
     def __dealloc__(self):
         if self.st.win != NULL:
@@ -558,33 +548,6 @@ cdef class CircuitBreaker:
         cdef object clock = (<Config>self.st.cfg.owner).options.clock
         return fb_monotonic_ns() if clock is None else clock()
 
-    cdef object _fire(self, int trans):
-        cdef Config config
-        cdef int old = (trans >> 4) & 0xF, new = trans & 0xF
-        if old == new:
-            return
-        config = <Config>self.st.cfg.owner
-        _calls.fire(self, tuple(config.listeners), config.hook, _STATES[old], _STATES[new])
-
-    cdef inline int64_t _acquire(self):
-        cdef int trans = 0
-        cdef int64_t permit = acquire(&self.st, -1, &trans)
-        if permit == FB_NEED_CLOCK_:
-            permit = acquire(&self.st, self._now(), &trans)
-        if trans:
-            self._fire(trans)
-        return permit
-
-    cdef inline _release(self, int64_t permit, int outcome):
-        cdef int trans = 0
-        cdef int r = release(&self.st, permit, outcome, -1, &trans)
-        if r == FB_NEED_CLOCK_:
-            r = release(&self.st, permit, outcome, self._now(), &trans)
-        if r == NEED_TRIP:
-            r = trip_auto(&self.st, permit, self._now(), &trans)
-        if trans:
-            self._fire(trans)
-
     # -- raw API ---------------------------------------------------------------------------
     @cython.binding(False)
     def allow(self):
@@ -593,28 +556,28 @@ cdef class CircuitBreaker:
         if (w & (ST_MASK | BUSY)) == S_CLOSED:
             fb_add(&self.st.permitted, 1)
             return True
-        return self._acquire() >= 0
+        return acquire_or_reject(self) >= 0
 
     @cython.binding(False)
     def record_success(self, elapsed=None):
         """Report a success; ``elapsed`` seconds (or timedelta) make it slow when over the limit."""
         cdef int outcome = FB_SUCCESS if elapsed is None else _calls.success_outcome(self, elapsed)
-        self._release(raw_permit(&self.st), outcome)
+        finish(self, raw_permit(&self.st), outcome)
 
     @cython.binding(False)
     def record_failure(self):
         """Report a failure of a call admitted by ``allow()``."""
-        self._release(raw_permit(&self.st), FB_FAILURE)
+        finish(self, raw_permit(&self.st), FB_FAILURE)
 
     # -- permit API used by _calls ------------------------------------------------------------
     def _permit_or_raise(self):
-        cdef int64_t permit = self._acquire()
+        cdef int64_t permit = acquire_or_reject(self)
         if permit < 0:
             raise self._open_error()
         return permit
 
     def _finish(self, int64_t permit, int outcome):
-        self._release(permit, outcome)
+        finish(self, permit, outcome)
 
     def _open_error(self):
         return CircuitOpenError(self.name, self.state, self.retry_after)
@@ -633,7 +596,7 @@ cdef class CircuitBreaker:
             if permit == FB_NEED_CLOCK_:
                 permit = acquire(&self.st, self._now(), &trans)
             if trans:
-                self._fire(trans)
+                fire(self, trans)
             if permit < 0:
                 raise self._open_error()
         c = self.st.cfg
@@ -642,12 +605,12 @@ cdef class CircuitBreaker:
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            self._release(permit, (<Config>c.owner).options.classify(exc))
+            finish(self, permit, (<Config>c.owner).options.classify(exc))
             raise
         if c.slow_ns and self._now() - start >= c.slow_ns:
-            self._release(permit, FB_SLOW)
+            finish(self, permit, FB_SLOW)
         else:
-            self._release(permit, FB_SUCCESS)
+            finish(self, permit, FB_SUCCESS)
         return result
 
     def call_async(self, fn, *args, **kwargs):
@@ -676,15 +639,15 @@ cdef class CircuitBreaker:
         """Force OPEN now (a fresh open period; lazy recovery follows). No effect when ISOLATED."""
         cdef int trans = manual(&self.st, S_OPEN, self._now())
         if trans:
-            self._fire(trans)
+            fire(self, trans)
 
     def isolate(self):
         """Reject every call until ``reset()``."""
-        self._fire(manual(&self.st, S_ISOLATED, 0))
+        fire(self, manual(&self.st, S_ISOLATED, 0))
 
     def reset(self):
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
-        self._fire(manual(&self.st, S_CLOSED, 0))
+        fire(self, manual(&self.st, S_CLOSED, 0))
 
     # -- inspection --------------------------------------------------------------------------------
     @property
@@ -751,6 +714,46 @@ cdef class CircuitBreaker:
 
     def __repr__(self):
         return f"<CircuitBreaker name={self.name!r} state={self.state.name}>"
+
+
+# -- the Python-level steps shared by the methods above -------------------------------------------
+cdef setup(CircuitBreaker self, Config config, label):
+    cdef int64_t n = config.c.window
+    if n:
+        self.st.win = <window_t *>PyMem_Calloc(1, sizeof(window_t) + ((n + 31) >> 5) * sizeof(int64_t))
+        if self.st.win == NULL:
+            raise MemoryError()
+        self.st.win.agg = AGG_ZERO
+    Py_INCREF(config)
+    self.st.cfg = &config.c
+    self._label = label
+
+cdef object fire(CircuitBreaker self, int trans):
+    cdef Config config
+    cdef int old = (trans >> 4) & 0xF, new = trans & 0xF
+    if old == new:
+        return
+    config = <Config>self.st.cfg.owner
+    _calls.fire(self, tuple(config.listeners), config.hook, _STATES[old], _STATES[new])
+
+cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
+    cdef int trans = 0
+    cdef int64_t permit = acquire(&self.st, -1, &trans)
+    if permit == FB_NEED_CLOCK_:
+        permit = acquire(&self.st, self._now(), &trans)
+    if trans:
+        fire(self, trans)
+    return permit
+
+cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
+    cdef int trans = 0
+    cdef int r = release(&self.st, permit, outcome, -1, &trans)
+    if r == FB_NEED_CLOCK_:
+        r = release(&self.st, permit, outcome, self._now(), &trans)
+    if r == NEED_TRIP:
+        r = trip_auto(&self.st, permit, self._now(), &trans)
+    if trans:
+        fire(self, trans)
 
 
 import threading
