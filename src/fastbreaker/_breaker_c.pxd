@@ -36,3 +36,27 @@ cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_
 
 # The stored state: 0 CLOSED, 1 OPEN, 2 HALF_OPEN, 3 ISOLATED.
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil
+
+# The same two calls, also telling what happened in `*info` (0: a CLOSED permit, no change):
+#   fb_info_probe(info)    acquire admitted a half-open probe
+#   fb_info_changed(info)  this call changed the state, from fb_info_old(info) to fb_info_new(info)
+#   fb_info_gen(info)      the generation the call ended in (a permit admitted there equals it)
+# Python state-change callbacks do not run: report changes yourself if you need them.
+cdef int64_t fb_breaker_acquire_ex(fb_breaker_t *b, int64_t now, int *info) noexcept nogil
+cdef int fb_breaker_release_ex(fb_breaker_t *b, int64_t permit, int outcome, int64_t now,
+                               int *info) noexcept nogil
+
+cdef inline int fb_info_old(int info) noexcept nogil:
+    return (info >> 4) & 0xF
+
+cdef inline int fb_info_new(int info) noexcept nogil:
+    return info & 0xF
+
+cdef inline bint fb_info_changed(int info) noexcept nogil:
+    return (info & 0x100) != 0 and fb_info_old(info) != fb_info_new(info)
+
+cdef inline bint fb_info_probe(int info) noexcept nogil:
+    return (info & 0x10F) == 0x102
+
+cdef inline int64_t fb_info_gen(int info) noexcept nogil:
+    return (info >> 9) & 0x3FFFFF

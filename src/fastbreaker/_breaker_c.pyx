@@ -79,9 +79,10 @@ cdef enum:
 cdef int64_t CONSEC_MASK = ((<int64_t>1) << CONSEC_SHIFT) - 1
 cdef int64_t AGG_ZERO = (<int64_t>AGG_BIAS) | ((<int64_t>AGG_BIAS) << AGG_BITS) | ((<int64_t>AGG_BIAS) << (2 * AGG_BITS))
 
-# transition codes: 0 none, else 0x100 | old << 4 | new
-cdef inline int trans_code(int old, int new) noexcept nogil:
-    return 0x100 | (old << 4) | new
+# transition codes: 0 none, else 0x100 | old << 4 | new | gen << 9, `gen` being the generation the
+# call ended in (the C API reports it; old == new marks a probe admitted without a transition)
+cdef inline int trans_code(int old, int new, int64_t gen) noexcept nogil:
+    return 0x100 | (old << 4) | new | <int>((gen & GEN_MASK) << 9)
 
 cdef inline int64_t make_word(int state, int64_t gen, int64_t inflight, int64_t ok, int64_t level) noexcept nogil:
     return (state | (inflight << INFL_SHIFT) | (ok << OK_SHIFT) | (level << LVL_SHIFT)
@@ -184,7 +185,7 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             fb_store_rlx(&b.since_ns, now)
             fb_store_rel(&b.word, make_word(S_HALF_OPEN, gen + 1, 1, 0, w_level(w)))
             fb_add(&b.permitted, 1)
-            trans[0] = trans_code(S_OPEN, S_HALF_OPEN)
+            trans[0] = trans_code(S_OPEN, S_HALF_OPEN, gen + 1)
             return (gen + 1) & GEN_MASK
         # HALF_OPEN
         inflight = w_inflight(w)
@@ -195,13 +196,14 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             fb_store_rlx(&b.since_ns, now)
             fb_add(&b.opened, 1)
             fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, min_level(w_level(w) + 1)))
-            trans[0] = trans_code(S_HALF_OPEN, S_OPEN)
+            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen + 1)
             break
         if inflight >= c.half_open_max:
             break
         fb_max(&b.since_ns, now)
         if fb_cas(&b.word, &w, w + ((<int64_t>1) << INFL_SHIFT)):
             fb_add(&b.permitted, 1)
+            trans[0] = trans_code(S_HALF_OPEN, S_HALF_OPEN, gen)
             return gen
     fb_add(&b.rejected, 1)
     return FB_REJECTED_
@@ -244,7 +246,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             fb_store_rlx(&b.since_ns, now)
             fb_add(&b.opened, 1)
             fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, min_level(w_level(w) + 1)))
-            trans[0] = trans_code(S_HALF_OPEN, S_OPEN)
+            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen + 1)
             return 0
         ok = w_ok(w) + 1
         if ok >= c.success_threshold:
@@ -254,7 +256,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             clear_window(b, gen + 1)
             group_open_add(b, -1)
             fb_store_rel(&b.word, make_word(S_CLOSED, gen + 1, 0, 0, 0))
-            trans[0] = trans_code(S_HALF_OPEN, S_CLOSED)
+            trans[0] = trans_code(S_HALF_OPEN, S_CLOSED, gen + 1)
             return 0
         if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
             fb_add(&b.successes, 1)
@@ -356,7 +358,7 @@ cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nog
     fb_store_rlx(&b.since_ns, now)
     fb_add(&b.opened, 1)
     fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, 0))
-    trans[0] = trans_code(S_CLOSED, S_OPEN)
+    trans[0] = trans_code(S_CLOSED, S_OPEN, gen + 1)
     return 0
 
 cdef inline int64_t max_open(group_t *g) noexcept nogil:
@@ -390,7 +392,7 @@ cdef int manual(core_t *b, int target, int64_t now) noexcept nogil:
         clear_window(b, gen + 1)
         level = 0
     fb_store_rel(&b.word, make_word(target, gen + 1, 0, 0, level))
-    return trans_code(old, target)
+    return trans_code(old, target, gen + 1)
 
 # -- the C API (see _breaker_c.pxd) -----------------------------------------------------------------
 cdef fb_breaker_t *fb_breaker_handle(object breaker) except NULL:
@@ -409,6 +411,19 @@ cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_
     if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
         outcome = FB_FAILURE
     return release(<core_t *>b, permit, outcome, now, &trans)
+
+cdef int64_t fb_breaker_acquire_ex(fb_breaker_t *b, int64_t now, int *info) noexcept nogil:
+    info[0] = 0
+    return acquire(<core_t *>b, now, info)
+
+cdef int fb_breaker_release_ex(fb_breaker_t *b, int64_t permit, int outcome, int64_t now,
+                               int *info) noexcept nogil:
+    info[0] = 0
+    if now < 0 and not (<core_t *>b).cfg.use_c_clock:
+        return FB_NEED_CLOCK_
+    if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
+        outcome = FB_FAILURE
+    return release(<core_t *>b, permit, outcome, now, info)
 
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
     return fb_load_acq(&(<core_t *>b).word) & ST_MASK
