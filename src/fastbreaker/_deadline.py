@@ -53,6 +53,14 @@ class Deadline:
         now = (time.monotonic_ns if clock is None else clock)()
         return cls(now + delta, clock=clock)
 
+    @classmethod
+    def _at(cls, at_ns: int, clock: Clock) -> Deadline:
+        # Unchecked constructor for the retry hot path.
+        self = object.__new__(cls)
+        self._at_ns = at_ns
+        self._clock = clock
+        return self
+
     @property
     def at_ns(self) -> int:
         """The deadline on its clock, in nanoseconds."""

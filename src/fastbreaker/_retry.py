@@ -30,6 +30,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from random import random as _uniform  # [0, 1); a module global so that tests can pin it
+from time import monotonic_ns as _monotonic_ns
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 
@@ -121,7 +122,9 @@ def _matcher(on: object) -> Callable[[Exception], bool]:
 class _Policy:
     """The validated options of one ``retry``/``retrying``; shared, never mutated."""
 
-    __slots__ = ("matches", "attempts", "base_ns", "cap_ns", "budget", "deadline", "on_retry")
+    __slots__ = (
+        "matches", "attempts", "base_ns", "cap_ns", "budget", "deadline", "deadline_ns", "on_retry"
+    )
 
     def __init__(
         self,
@@ -149,20 +152,27 @@ class _Policy:
         ):
             raise TypeError(f"budget must be a RetryBudget, got {budget!r}")
         self.budget = budget
-        if deadline is not None and not isinstance(deadline, Deadline):
-            seconds_to_ns(deadline, "deadline", positive=True)
         self.deadline = deadline
+        self.deadline_ns = (
+            None
+            if deadline is None or isinstance(deadline, Deadline)
+            else seconds_to_ns(deadline, "deadline", positive=True)
+        )
         if on_retry is not None and not callable(on_retry):
             raise TypeError(f"on_retry must be callable (attempt, exc, delay), got {on_retry!r}")
         self.on_retry = on_retry
 
     def start(self) -> Deadline | None:
         """The deadline of one operation starting now: explicit and current, the earlier wins."""
-        spec = self.deadline
-        if spec is None:
-            return _current.get()
-        own = spec if isinstance(spec, Deadline) else Deadline.after(spec)
-        return earlier(_current.get(), own)
+        cur = _current.get()
+        own: Deadline
+        if self.deadline_ns is not None:
+            own = Deadline._at(_monotonic_ns() + self.deadline_ns, _monotonic_ns)
+        elif isinstance(self.deadline, Deadline):
+            own = self.deadline
+        else:
+            return cur
+        return own if cur is None else earlier(cur, own)
 
     def after_failure(self, attempt: int, exc: Exception, dl: Deadline | None) -> float | None:
         """Attempt number ``attempt`` failed with ``exc``: the delay before the next attempt, or
@@ -236,47 +246,71 @@ def retry(
 
 def _sync_wrapper(policy: _Policy, fn: Callable[P, T]) -> Callable[P, T]:
     budget = policy.budget
-    explicit = policy.deadline is not None
+    current = _current.get
 
+    # The first attempt is inline and lean (no loop, no try/finally): it is the common case.
     @functools.wraps(fn)
     def retrying_call(*args: P.args, **kwargs: P.kwargs) -> T:
-        dl = policy.start() if explicit else _current.get()
-        token = _current.set(dl) if explicit else None
+        dl = current()
+        if dl is not None and dl.expired():
+            raise _expired(1, None)
         try:
-            attempt = 1
-            last: Exception | None = None
-            while True:
-                if dl is not None and dl.expired():
-                    raise _expired(attempt, last)
-                try:
-                    result = fn(*args, **kwargs)
-                except Exception as exc:
-                    delay = policy.after_failure(attempt, exc, dl)
-                    if delay is None:
-                        raise
-                    last = exc
-                else:
-                    if budget is not None:
-                        budget.record_success()
-                    return result
-                _sleep(delay)
-                attempt += 1
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            delay = policy.after_failure(1, exc, dl)
+            if delay is None:
+                raise
+            last = exc
+        else:
+            if budget is not None:
+                budget.record_success()
+            return result
+        attempt = 1
+        while True:
+            _sleep(delay)
+            attempt += 1
+            if dl is not None and dl.expired():
+                raise _expired(attempt, last)
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                delay = policy.after_failure(attempt, exc, dl)
+                if delay is None:
+                    raise
+                last = exc
+            else:
+                if budget is not None:
+                    budget.record_success()
+                return result
+
+    if policy.deadline is None:
+        return retrying_call
+    return _with_own_deadline(policy, retrying_call)
+
+
+def _with_own_deadline(policy: _Policy, call: Callable[P, T]) -> Callable[P, T]:
+    # deadline= given: it (or an earlier current one) is the current deadline inside the call,
+    # so that the retry loop and any code it calls see the same one.
+    @functools.wraps(call)
+    def retrying_call(*args: P.args, **kwargs: P.kwargs) -> T:
+        token = _current.set(policy.start())
+        try:
+            return call(*args, **kwargs)
         finally:
-            if token is not None:
-                _current.reset(token)
+            _current.reset(token)
 
     return retrying_call
 
 
 def _async_wrapper(policy: _Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
     budget = policy.budget
-    explicit = policy.deadline is not None
+    current = _current.get
 
     @functools.wraps(fn)
     async def retrying_call(*args: P.args, **kwargs: P.kwargs) -> Any:
-        dl = policy.start() if explicit else _current.get()
-        token = _current.set(dl) if explicit else None
+        token = _current.set(policy.start()) if policy.deadline is not None else None
         try:
+            dl = current()
             attempt = 1
             last: Exception | None = None
             while True:
