@@ -1,6 +1,7 @@
 """Benchmarks: RetryBudget on both cores, and the cost of ``@fb.retry`` when nothing fails.
 
-    python -m pytest benchmarks/bench_retry.py --benchmark-enable --benchmark-columns=min,median,mean,ops
+    python -m pytest benchmarks/bench_retry.py --benchmark-enable \
+        --benchmark-columns=min,median,mean,ops
 
 Groups (compare within a group, same run, same machine):
 

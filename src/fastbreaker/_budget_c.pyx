@@ -102,7 +102,9 @@ cdef class RetryBudget:
     nanoseconds, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic clock.
     """
 
-    def __init__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
+    # __cinit__, not __init__: the state is set once, before any other thread can see the object
+    # (a second __init__ call on a shared budget would race with its users).
+    def __cinit__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
         deposit, cap, rate = _config(ratio, capacity, min_per_sec)
         _check_clock(clock)
         self._clock = clock

@@ -285,13 +285,13 @@ def _sync_wrapper(policy: _Policy, fn: Callable[P, T]) -> Callable[P, T]:
 
     if policy.deadline is None:
         return retrying_call
-    return _with_own_deadline(policy, retrying_call)
+    return _with_own_deadline(policy, fn, retrying_call)
 
 
-def _with_own_deadline(policy: _Policy, call: Callable[P, T]) -> Callable[P, T]:
+def _with_own_deadline(policy: _Policy, fn: Callable[P, T], call: Callable[P, T]) -> Callable[P, T]:
     # deadline= given: it (or an earlier current one) is the current deadline inside the call,
     # so that the retry loop and any code it calls see the same one.
-    @functools.wraps(call)
+    @functools.wraps(fn)
     def retrying_call(*args: P.args, **kwargs: P.kwargs) -> T:
         token = _current.set(policy.start())
         try:
@@ -389,18 +389,20 @@ class _Run:
 
     def finished(self, number: int, exc: BaseException | None) -> bool:
         # Called from Attempt.__exit__: True swallows exc, because another attempt follows.
+        if number != self.attempt or self.done:
+            return False  # an attempt object used out of turn: not part of this loop's count
         self.delay = None
+        self.done = True  # unless another attempt follows, below
         if exc is None:
-            self.done = True
             if self.policy.budget is not None:
                 self.policy.budget.record_success()
             return False
-        if not isinstance(exc, Exception) or number != self.attempt:
+        if not isinstance(exc, Exception):
             return False
-        delay = self.policy.after_failure(number, exc, self.dl)
+        delay = self.policy.after_failure(number, exc, self.dl)  # may raise DeadlineExceeded
         if delay is None:
-            self.done = True
             return False
+        self.done = False
         self.delay = delay
         self.last = exc
         return True
