@@ -36,6 +36,12 @@ class CountingClock(FakeClock):
         return super().__call__()
 
 
+def fake_clock() -> FakeClock:
+    """A clock of this test's own (the ``clock`` fixture would be shared by the threads of
+    pytest-run-parallel, and these tests move time)."""
+    return FakeClock(10**12)
+
+
 def drain(budget: Any) -> int:
     taken = 0
     while budget.allow_retry():
@@ -43,16 +49,16 @@ def drain(budget: Any) -> int:
     return taken
 
 
-def test_defaults_and_starts_full(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_defaults_and_starts_full(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(clock=clock)
     assert (b.ratio, b.capacity, b.min_per_sec) == (0.1, 100.0, 1.0)
     assert b.tokens == 100.0
     assert "RetryBudget(ratio=0.1, capacity=100.0, min_per_sec=1.0" in repr(b)
 
 
-def test_allow_retry_takes_one_token_and_refuses_below_one(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_allow_retry_takes_one_token_and_refuses_below_one(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(ratio=0.5, capacity=3, min_per_sec=0, clock=clock)
     assert [b.allow_retry() for _ in range(4)] == [True, True, True, False]
     assert b.tokens == 0.0
@@ -65,9 +71,8 @@ def test_allow_retry_takes_one_token_and_refuses_below_one(
     assert b.tokens == 0.0
 
 
-def test_record_success_deposits_ratio_capped_at_capacity(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_record_success_deposits_ratio_capped_at_capacity(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(ratio=0.25, capacity=2, min_per_sec=0, clock=clock)
     drain(b)
     for expected in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.0, 2.0):
@@ -90,7 +95,8 @@ def test_record_success_never_reads_the_clock(fb: types.SimpleNamespace) -> None
     assert clock.reads == before + 1  # one read per public call on the retry path
 
 
-def test_ratio_zero_deposits_nothing(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_ratio_zero_deposits_nothing(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(ratio=0, capacity=1, min_per_sec=0, clock=clock)
     drain(b)
     for _ in range(1000):
@@ -99,7 +105,8 @@ def test_ratio_zero_deposits_nothing(fb: types.SimpleNamespace, clock: FakeClock
     assert b.allow_retry() is False
 
 
-def test_lazy_refill_accrues_min_per_sec(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_lazy_refill_accrues_min_per_sec(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(ratio=0, capacity=10, min_per_sec=2, clock=clock)
     assert drain(b) == 10
     clock.advance(0.25)
@@ -112,9 +119,8 @@ def test_lazy_refill_accrues_min_per_sec(fb: types.SimpleNamespace, clock: FakeC
     assert b.tokens == 3.0
 
 
-def test_refill_is_capped_and_full_time_is_not_banked(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_refill_is_capped_and_full_time_is_not_banked(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(ratio=0, capacity=5, min_per_sec=1, clock=clock)
     clock.advance(3600)
     assert b.tokens == 5.0  # capped, although an hour accrued
@@ -136,9 +142,8 @@ def test_huge_elapsed_time_does_not_overflow(fb: types.SimpleNamespace) -> None:
     assert b.tokens == 1e12  # 999,999,999,999 + 500,000, capped
 
 
-def test_sub_microsecond_rest_is_credited_later_not_lost(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_sub_microsecond_rest_is_credited_later_not_lost(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     # 1 token/s is 1 unit per microsecond. 1000 reads 999 ns apart: 999,000 ns elapsed in all.
     b = fb.RetryBudget(ratio=0, capacity=1, min_per_sec=1, clock=clock)
     drain(b)
@@ -158,9 +163,8 @@ def test_clock_going_backwards_credits_nothing(fb: types.SimpleNamespace) -> Non
     assert b.tokens == 0.5
 
 
-def test_fractional_options_round_to_fixed_point(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_fractional_options_round_to_fixed_point(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(ratio=1e-7, capacity=1.0000004, min_per_sec=1e-7, clock=clock)
     assert b.ratio == 0.0
     assert b.capacity == 1.0
@@ -215,9 +219,10 @@ def test_bad_clocks(fb: types.SimpleNamespace) -> None:
         b.tokens  # noqa: B018
 
 
-def test_options_are_keyword_or_positional_and_clock_keyword_only(
-    fb: types.SimpleNamespace, clock: FakeClock
+def test_options_are_positional_or_keyword_and_clock_keyword_only(
+    fb: types.SimpleNamespace,
 ) -> None:
+    clock = fake_clock()
     b = fb.RetryBudget(0.5, 4, 0, clock=clock)
     assert (b.ratio, b.capacity, b.min_per_sec) == (0.5, 4.0, 0.0)
     with pytest.raises(TypeError):
@@ -250,7 +255,8 @@ def test_implementations_agree_on_a_scripted_run(fb: types.SimpleNamespace) -> N
     assert sum(1 for s in seen if s is True) == 9
 
 
-def test_threads_conserve_tokens(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_threads_conserve_tokens(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     # min_per_sec=0 and a fake clock: deposits - withdrawals == change, exactly.
     b = fb.RetryBudget(ratio=0.1, capacity=100_000, min_per_sec=0, clock=clock)
     for _ in range(50_000):
@@ -372,6 +378,7 @@ def _build_racy(tmp: Path) -> Any:
     return mod
 
 
+@pytest.mark.thread_unsafe  # it compiles an extension; its hammer runs its own threads
 def test_c_hammer_catches_a_racy_core(tmp_path: Path) -> None:
     """The negative control: with a broken CAS the same hammer must see tokens created or lost."""
     _c_module()

@@ -15,8 +15,12 @@ from hypothesis import strategies as st
 from fastbreaker import _budget_py, _retry
 from fastbreaker.testing import FakeClock, instant_retries
 
+# Pinned jitter and the process-wide test mode: not for pytest-run-parallel.
+pytestmark = pytest.mark.thread_unsafe
+
 UNIT = 1_000_000
-FIXTURE_OK = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+# The fb fixture is a constant namespace: sharing it across examples is fine.
+SHARED_FIXTURE = [HealthCheck.function_scoped_fixture]
 
 ratios = st.one_of(
     st.sampled_from([0, 0.1, 0.5, 1, 2.5]), st.floats(0, 50, allow_nan=False)
@@ -73,7 +77,7 @@ def test_both_cores_agree_step_by_step(
 
 
 @given(ratio=ratios, capacity=capacities, rate=rates, script=ops)
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=SHARED_FIXTURE)
 def test_budget_matches_an_exact_model(
     fb: types.SimpleNamespace, ratio: float, capacity: float, rate: float,
     script: list[tuple[str, int]]
@@ -153,7 +157,7 @@ def test_full_jitter_bounds(n: int, base: float, extra: float, u: float) -> None
     u=st.floats(0, 1, exclude_max=True),
     advance_on_sleep=st.booleans(),
 )
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=SHARED_FIXTURE)
 def test_retry_deadline_budget_interplay(
     fb: types.SimpleNamespace, attempts: int, costs: list[int], deadline_ms: int | None,
     tokens: int | None, base_ms: int, u: float, advance_on_sleep: bool

@@ -13,7 +13,14 @@ import pytest
 from fastbreaker.testing import FakeClock
 
 
-def test_after_remaining_expired(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def fake_clock() -> FakeClock:
+    """A clock of this test's own (the ``clock`` fixture would be shared by the threads of
+    pytest-run-parallel, and these tests move time)."""
+    return FakeClock(10**12)
+
+
+def test_after_remaining_expired(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     d = fb.Deadline.after(2.5, clock=clock)
     assert d.remaining() == 2.5
     assert not d.expired()
@@ -27,7 +34,8 @@ def test_after_remaining_expired(fb: types.SimpleNamespace, clock: FakeClock) ->
     assert d.expired()
 
 
-def test_after_accepts_timedelta_and_zero(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_after_accepts_timedelta_and_zero(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     assert fb.Deadline.after(datetime.timedelta(milliseconds=250), clock=clock).remaining() == 0.25
     assert fb.Deadline.after(0, clock=clock).expired()
 
@@ -40,9 +48,8 @@ def test_after_rejects_bad_durations(fb: types.SimpleNamespace, bad: float) -> N
         fb.Deadline.after("1")
 
 
-def test_sub_leaves_a_reserve_and_never_goes_negative(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_sub_leaves_a_reserve_and_never_goes_negative(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     d = fb.Deadline.after(1, clock=clock)
     assert d.sub() == pytest.approx(0.95, abs=1e-12)
     assert d.sub(0.3) == pytest.approx(0.7, abs=1e-12)
@@ -61,9 +68,8 @@ def test_default_clock_is_monotonic(fb: types.SimpleNamespace) -> None:
     assert "Deadline(remaining=" in repr(d)
 
 
-def test_current_deadline_is_set_inside_the_block_only(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_current_deadline_is_set_inside_the_block_only(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     assert fb.current_deadline() is None
     with fb.deadline(3, clock=clock) as d:
         assert fb.current_deadline() is d
@@ -71,9 +77,8 @@ def test_current_deadline_is_set_inside_the_block_only(
     assert fb.current_deadline() is None
 
 
-def test_block_restores_the_previous_deadline_on_error(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_block_restores_the_previous_deadline_on_error(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     with fb.deadline(3, clock=clock) as outer:
         with pytest.raises(KeyError):
             with fb.deadline(1, clock=clock):
@@ -82,9 +87,8 @@ def test_block_restores_the_previous_deadline_on_error(
     assert fb.current_deadline() is None
 
 
-def test_nested_blocks_never_extend_an_outer_deadline(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_nested_blocks_never_extend_an_outer_deadline(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     with fb.deadline(1, clock=clock) as outer:
         with fb.deadline(5, clock=clock) as inner:
             assert inner is outer  # the earlier one wins
@@ -104,9 +108,8 @@ def test_nesting_across_clocks_compares_what_is_left(fb: types.SimpleNamespace) 
             assert d is real
 
 
-def test_deadline_block_takes_a_deadline_object(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_deadline_block_takes_a_deadline_object(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     d = fb.Deadline.after(2, clock=clock)
     clock.advance(1)  # the clock of a Deadline started when it was made
     with fb.deadline(d) as cur:
@@ -114,18 +117,16 @@ def test_deadline_block_takes_a_deadline_object(
         assert cur.remaining() == 1.0
 
 
-def test_deadline_clock_starts_when_the_block_is_entered(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_deadline_clock_starts_when_the_block_is_entered(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     scope = fb.deadline(2, clock=clock)
     clock.advance(5)
     with scope as d:
         assert d.remaining() == 2.0
 
 
-def test_a_scope_cannot_be_entered_twice_at_once(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_a_scope_cannot_be_entered_twice_at_once(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     scope = fb.deadline(2, clock=clock)
     with scope:
         with pytest.raises(RuntimeError):
@@ -146,9 +147,9 @@ def test_bad_arguments(fb: types.SimpleNamespace) -> None:
         fb.Deadline.after(1, clock=3)
 
 
-async def test_current_deadline_propagates_into_tasks(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+@pytest.mark.thread_unsafe  # pytest-run-parallel cannot run coroutine tests
+async def test_current_deadline_propagates_into_tasks(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     async def read() -> object:
         await asyncio.sleep(0)
         return fb.current_deadline()
@@ -159,7 +160,9 @@ async def test_current_deadline_propagates_into_tasks(
     assert await asyncio.create_task(read()) is None
 
 
-async def test_tasks_keep_their_own_deadlines(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+@pytest.mark.thread_unsafe
+async def test_tasks_keep_their_own_deadlines(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     async def worker(seconds: float) -> float:
         with fb.deadline(seconds, clock=clock):
             await asyncio.sleep(0)
@@ -170,9 +173,8 @@ async def test_tasks_keep_their_own_deadlines(fb: types.SimpleNamespace, clock: 
     assert fb.current_deadline() is None
 
 
-def test_threads_do_not_share_the_current_deadline(
-    fb: types.SimpleNamespace, clock: FakeClock
-) -> None:
+def test_threads_do_not_share_the_current_deadline(fb: types.SimpleNamespace) -> None:
+    clock = fake_clock()
     seen: list[object] = []
     with fb.deadline(2, clock=clock):
         t = threading.Thread(target=lambda: seen.append(fb.current_deadline()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import inspect
+import itertools
 import threading
 import time
 import types
@@ -15,6 +16,9 @@ import pytest
 
 from fastbreaker import _retry
 from fastbreaker.testing import FakeClock, instant_retries
+
+# The test mode is process-wide and the tests pin the jitter: not for pytest-run-parallel.
+pytestmark = pytest.mark.thread_unsafe
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +87,9 @@ def test_success_first_time_calls_once(fb: types.SimpleNamespace, _instant: list
 def test_retries_until_success(fb: types.SimpleNamespace, _instant: list[float]) -> None:
     f = Flaky(ConnectionError("a"), ConnectionError("b"))
     seen: list[tuple[int, str, float]] = []
-    g = fb.retry(on=ConnectionError, attempts=3, on_retry=lambda a, e, d: seen.append((a, str(e), d)))(f)
+    g = fb.retry(
+        on=ConnectionError, attempts=3, on_retry=lambda a, e, d: seen.append((a, str(e), d))
+    )(f)
     assert g() == "ok"
     assert f.calls == 3
     assert [(a, e) for a, e, _ in seen] == [(1, "a"), (2, "b")]
@@ -122,7 +128,8 @@ def test_on_accepts_types_tuples_and_predicates(fb: types.SimpleNamespace, on: A
 
 
 @pytest.mark.parametrize(
-    "on", [KeyError, (KeyError, IndexError), lambda exc: False, lambda exc: isinstance(exc, KeyError)]
+    "on",
+    [KeyError, (KeyError, IndexError), lambda exc: False, lambda exc: isinstance(exc, KeyError)],
 )
 def test_errors_not_matching_on_propagate_at_once(fb: types.SimpleNamespace, on: Any) -> None:
     f = Flaky(ConnectionError("x"))
@@ -179,8 +186,8 @@ def test_signature_and_metadata_are_kept(fb: types.SimpleNamespace) -> None:
         """Fetch it, async."""
         return b""
 
-    for fn in (fetch, afetch):
-        wrapped = fb.retry(on=ConnectionError)(fn)
+    for fn, options in itertools.product((fetch, afetch), ({}, {"deadline": 5.0})):
+        wrapped = fb.retry(on=ConnectionError, **options)(fn)
         assert inspect.signature(wrapped) == inspect.signature(fn)
         assert wrapped.__name__ == fn.__name__
         assert wrapped.__doc__ == fn.__doc__
@@ -242,7 +249,9 @@ def test_bad_on(fb: types.SimpleNamespace, on: Any) -> None:
         ({"on_retry": 1}, TypeError, "on_retry"),
     ],
 )
-def test_bad_options(fb: types.SimpleNamespace, kwargs: dict[str, Any], exc: type, match: str) -> None:
+def test_bad_options(
+    fb: types.SimpleNamespace, kwargs: dict[str, Any], exc: type, match: str
+) -> None:
     with pytest.raises(exc, match=match):
         fb.retry(on=KeyError, **kwargs)
     with pytest.raises(exc, match=match):
@@ -271,19 +280,21 @@ def test_delays_follow_full_jitter(fb: types.SimpleNamespace, pin_jitter: Any) -
     pin_jitter(0.999999)
     seen: list[float] = []
     f = Flaky(*(KeyError() for _ in range(9)))
-    fb.retry(on=KeyError, attempts=10, base=0.05, cap=2.0, on_retry=lambda a, e, d: seen.append(d))(f)()
+    record = lambda a, e, d: seen.append(d)  # noqa: E731
+    fb.retry(on=KeyError, attempts=10, base=0.05, cap=2.0, on_retry=record)(f)()
     ceilings = [min(2.0, 0.05 * 2**n) for n in range(9)]
     assert seen == pytest.approx([0.999999 * c for c in ceilings], rel=1e-12)
     pin_jitter(0.0)
     seen.clear()
-    fb.retry(on=KeyError, attempts=3, on_retry=lambda a, e, d: seen.append(d))(Flaky(KeyError(), KeyError()))()
+    fb.retry(on=KeyError, attempts=3, on_retry=record)(Flaky(KeyError(), KeyError()))()
     assert seen == [0.0, 0.0]
 
 
 def test_real_random_delays_stay_in_bounds(fb: types.SimpleNamespace) -> None:
     seen: list[tuple[int, float]] = []
     f = Flaky(*(KeyError() for _ in range(199)))
-    fb.retry(on=KeyError, attempts=200, base=0.01, cap=0.5, on_retry=lambda a, e, d: seen.append((a, d)))(f)()
+    record = lambda a, e, d: seen.append((a, d))  # noqa: E731
+    fb.retry(on=KeyError, attempts=200, base=0.01, cap=0.5, on_retry=record)(f)()
     assert len(seen) == 199
     for attempt, delay in seen:
         assert 0.0 <= delay <= min(0.5, 0.01 * 2 ** (attempt - 1))
@@ -304,7 +315,9 @@ def test_huge_retry_numbers_do_not_overflow_or_slow_down() -> None:
 # --- budget -----------------------------------------------------------------------------------
 
 
-def test_budget_refusal_reraises_the_error_unchanged(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_budget_refusal_reraises_the_error_unchanged(
+    fb: types.SimpleNamespace, clock: FakeClock
+) -> None:
     budget = fb.RetryBudget(ratio=0, capacity=1, min_per_sec=0, clock=clock)
     assert budget.allow_retry() is True  # empty now
     f = Flaky(ConnectionError("x"), ConnectionError("y"))
@@ -377,7 +390,9 @@ def test_deadline_refuses_a_delay_that_would_end_past_it(
     assert info.value.__cause__ is f.raised[-1]
 
 
-def test_deadline_expired_before_the_first_attempt(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+def test_deadline_expired_before_the_first_attempt(
+    fb: types.SimpleNamespace, clock: FakeClock
+) -> None:
     f = Flaky()
     d = fb.Deadline.after(1, clock=clock)
     clock.advance(1)
@@ -431,7 +446,8 @@ def test_current_deadline_applies_and_explicit_one_combines(
     seen.clear()
     with fb.deadline(0.5, clock=clock) as cur:
         with pytest.raises(fb.DeadlineExceeded):
-            fb.retry(on=ConnectionError, attempts=10, deadline=fb.Deadline.after(60, clock=clock))(op)()
+            late = fb.Deadline.after(60, clock=clock)
+            fb.retry(on=ConnectionError, attempts=10, deadline=late)(op)()
         assert fb.current_deadline() is cur
     assert len(seen) == 2 and all(s is cur for s in seen)
     assert fb.current_deadline() is None
@@ -545,7 +561,7 @@ async def test_async_deadline_and_circuit_open(fb: types.SimpleNamespace, clock:
     assert h.calls == 1
 
 
-# --- real sleeps (a millisecond) and the test mode -------------------------------------------------
+# --- real sleeps (a millisecond) and the test mode -----------------------------------------
 
 
 def test_real_sleep_when_not_in_test_mode(fb: types.SimpleNamespace, pin_jitter: Any) -> None:
@@ -557,7 +573,9 @@ def test_real_sleep_when_not_in_test_mode(fb: types.SimpleNamespace, pin_jitter:
         assert time.perf_counter() - t0 >= 0.0019
 
 
-async def test_real_async_sleep_when_not_in_test_mode(fb: types.SimpleNamespace, pin_jitter: Any) -> None:
+async def test_real_async_sleep_when_not_in_test_mode(
+    fb: types.SimpleNamespace, pin_jitter: Any
+) -> None:
     pin_jitter(0.999)
     f = Flaky(KeyError())
 
@@ -572,7 +590,9 @@ async def test_real_async_sleep_when_not_in_test_mode(fb: types.SimpleNamespace,
         assert time.perf_counter() - t0 >= 0.0019
 
 
-def test_instant_retries_skips_sleeps_and_reports_them(fb: types.SimpleNamespace, pin_jitter: Any) -> None:
+def test_instant_retries_skips_sleeps_and_reports_them(
+    fb: types.SimpleNamespace, pin_jitter: Any
+) -> None:
     pin_jitter(0.5)
     f = Flaky(KeyError(), KeyError())
     with pytest.MonkeyPatch.context() as mp:
