@@ -1,0 +1,163 @@
+# cython: language_level=3, freethreading_compatible=True
+"""The compiled BreakerMap: key lookup and CLOSED admission in one C call.
+
+``_map_py.py`` is the pure-Python twin and the specification; ``_map.py`` selects the class. Only
+what every keyed call runs is written here; construction, creation, eviction and metrics call the
+twin's module-level functions, so that logic exists once. The map is one extension type, not a
+Python subclass of one: CPython 3.11 specializes a method call only when the receiver's type is
+exactly the method's type, and a subclass costs ~12 ns per call.
+
+``allow(key)`` admits a CLOSED breaker through the core's C API (``_breaker_c.pxd``) instead of
+calling its ``allow()`` method: that saves one Python-level call, which is what keeps
+``m.allow(key)`` next to the cost of ``d[key].allow()``. The C entry points do not run
+state-change callbacks, so they are used only when the breaker is CLOSED (where admission makes no
+transition); every other state goes through ``breaker.allow()``. Under the GIL nothing can
+happen between the state read and the admission: no Python code runs in between.
+"""
+
+cimport cython
+from cpython.exc cimport PyErr_Clear
+from cpython.ref cimport PyObject, Py_DECREF
+
+from ._breaker_c cimport fb_breaker_t, fb_breaker_handle, fb_breaker_acquire, fb_breaker_state
+
+from . import _breaker_c
+from . import _map_py as _py
+
+cdef extern from *:
+    """
+    /* A new reference to d[key], or NULL (absent, or an error is set). Free-threaded builds need
+       the strong reference: another thread may drop the key meanwhile. */
+    static CYTHON_INLINE PyObject *fb_map_get(PyObject *d, PyObject *key) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyObject *v = NULL;
+        (void)PyDict_GetItemRef(d, key, &v);
+        return v;
+    #else
+        PyObject *v = PyDict_GetItemWithError(d, key);
+        Py_XINCREF(v);
+        return v;
+    #endif
+    }
+    """
+    PyObject *fb_map_get(object d, object key)
+
+
+cdef inline object lookup(BreakerMap m, object key):
+    cdef PyObject *p = fb_map_get(m._d, key)
+    if p == NULL:
+        # absent, or unhashable: _new raises the error that names the parameter
+        PyErr_Clear()
+        return _py._new(m, key)
+    breaker = <object>p
+    Py_DECREF(breaker)  # <object> took its own reference
+    return breaker
+
+
+@cython.final
+cdef class BreakerMap:
+    """One circuit breaker per key (a host, or a ``(host, operation)`` tuple), bounded, no threads.
+
+    ``BreakerMap(failure_threshold=5, reset_timeout=30.0, *, <every CircuitBreaker option but
+    name>, max_open_ratio=1.0, max_keys=None, clock=None)``. Keys are any hashable. The full
+    documentation is the pure-Python twin's (``fastbreaker._map_py.BreakerMap``): the two
+    behave identically.
+    """
+
+    cdef readonly dict _d
+    cdef public object _options, _group, _config, _detached, _hook, _lock
+    cdef public object _max_keys, _room, _evicted, _untracked, _dropped
+    cdef object __weakref__
+
+    # The rare paths are the twin's functions, so that their logic exists once.
+    _core = _breaker_c
+
+    def __cinit__(self, *args, **kwargs):
+        self._d = {}
+
+    def __init__(self, *args, **kwargs):
+        _py._init(self, *args, **kwargs)
+
+    # -- the call path ---------------------------------------------------------------------------
+    @cython.binding(False)
+    @cython.always_allow_keywords(False)
+    def allow(self, key):
+        """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
+        cdef object breaker = lookup(self, key)
+        cdef fb_breaker_t *h = fb_breaker_handle(breaker)
+        if fb_breaker_state(h) == 0:  # CLOSED: admission makes no transition
+            return fb_breaker_acquire(h, -1) >= 0
+        return breaker.allow()
+
+    @cython.binding(False)
+    def record_success(self, key, elapsed=None):
+        """Report a success for ``key`` (``elapsed`` seconds make it slow when over the limit)."""
+        lookup(self, key).record_success(elapsed)
+
+    @cython.binding(False)
+    @cython.always_allow_keywords(False)
+    def record_failure(self, key):
+        """Report a failure for ``key``."""
+        lookup(self, key).record_failure()
+
+    def call(self, key, fn, /, *args, **kwargs):
+        """Call ``fn(*args, **kwargs)`` through ``key``'s breaker (CircuitOpenError if rejected)."""
+        return lookup(self, key).call(fn, *args, **kwargs)
+
+    def call_async(self, key, fn, /, *args, **kwargs):
+        """Await ``fn(*args, **kwargs)`` through ``key``'s breaker."""
+        return lookup(self, key).call_async(fn, *args, **kwargs)
+
+    def __getitem__(self, key):
+        """The key's breaker, created if absent."""
+        return lookup(self, key)
+
+    def get(self, key):
+        """The key's breaker, or None; never creates one."""
+        return self._d.get(key)
+
+    def __contains__(self, key):
+        return key in self._d
+
+    def __len__(self):
+        return len(self._d)
+
+    # -- the rest ----------------------------------------------------------------------------------
+    def __iter__(self):
+        """The keys currently held, in creation order (a snapshot)."""
+        return _py._iter(self)
+
+    def open_keys(self):
+        """Keys whose breaker is OPEN, HALF_OPEN or ISOLATED (the stored state; no transition)."""
+        return _py._open_keys(self)
+
+    def metrics(self):
+        """A snapshot: counts by state, evictions, suppressed trips, and cumulative call totals."""
+        return _py._metrics(self)
+
+    def on_state_change(self, callback):
+        """Register ``callback(key, old_state, new_state)`` for every breaker of the map."""
+        return _py._on_state_change(self, callback)
+
+    def __repr__(self):
+        return _py._repr(self)
+
+    def _detach(self, breaker, shared, detached):
+        """Give ``breaker`` a group-less config iff it is CLOSED, with no transition in between.
+
+        A breaker on the map's ``shared`` config gets ``detached``; one with its own listeners
+        gets a private group-less copy without the map's hook. No Python code runs between the
+        state read and the swap, so under the GIL no trip can slip in between (it would leave the
+        map's count of non-CLOSED breakers off by one forever).
+        """
+        if fb_breaker_state(fb_breaker_handle(breaker)) != 0:
+            return False
+        config = breaker._config
+        if config is shared:
+            config = detached
+        else:
+            config = config.copy(keep_group=False)
+            config.hook = None
+        breaker._set_config(config)
+        return True
+

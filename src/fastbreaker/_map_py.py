@@ -1,0 +1,446 @@
+"""The pure-Python twin of ``_map_c.pyx``, and the specification of BreakerMap.
+
+The compiled ``BreakerMap`` runs the per-call path (key lookup, CLOSED admission) in C and calls
+the module-level functions below for everything that runs rarely (construction, first sight of a
+key, eviction, metrics), so that logic exists once. ``_map.py`` selects the class.
+
+Memory: the map stores nothing per key but the dict entry and the breaker. The dict's insertion
+order is the creation order that eviction follows, and eviction inspects breakers only when the
+map is full, so the call path does no bookkeeping at all.
+
+Concurrency: lookups of existing keys take no lock (a dict read is atomic). Creation and eviction
+take the map's lock, so a key never gets two breakers and the map never holds more than
+``max_keys``. The breakers share one ``Config`` (options, clock, the ``Group`` counters behind
+``max_open_ratio``, and the state-change hook); the core keeps the group's count of non-CLOSED
+breakers at every transition, so the map needs no timer and no thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import types
+import weakref
+from typing import Any, Awaitable, Callable, Hashable, Iterator, Optional, TypeVar
+
+from . import _breaker_py
+from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
+from ._durations import check_count, check_rate
+from ._errors import State
+from ._options import BreakerOptions, Duration, ExcTypes, FailurePredicate
+
+__all__ = ["BreakerMap", "MapMetrics"]
+
+T = TypeVar("T")
+StateCallback = Callable[[Any, State, State], Any]
+CB = TypeVar("CB", bound=StateCallback)
+
+CLOSED = State.CLOSED
+_logger = logging.getLogger("fastbreaker")
+_COUNTERS = (
+    "permitted", "rejected", "successes", "failures", "slow_calls", "ignored", "stale", "opened",
+)
+# When the map is full it makes room for max(1, max_keys // _ROOM_DIVISOR) keys at once: the
+# eviction scan walks the dict in creation order, so a batch amortizes each scan over many
+# insertions (a million new keys through a 10,000-key map cost ~6,400 scans, not a million).
+_ROOM_DIVISOR = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class MapMetrics:
+    """A point-in-time snapshot of a BreakerMap.
+
+    ``keys`` is the number of breakers held; ``open``, ``half_open`` and ``isolated`` count them by
+    state. ``evicted`` counts breakers dropped to respect ``max_keys``; ``suppressed_trips`` the
+    automatic trips refused by ``max_open_ratio``; ``untracked`` the new keys that got a breaker
+    the map could not hold (every held breaker was OPEN, HALF_OPEN or ISOLATED).
+
+    The call counters are totals over every breaker the map has held since it was created,
+    dropped ones included (up to the moment they were dropped), so they only grow and can be
+    exported as monotonic counters. Untracked breakers are not included.
+    """
+
+    keys: int
+    open: int
+    half_open: int
+    isolated: int
+    evicted: int
+    suppressed_trips: int
+    untracked: int
+    permitted: int
+    rejected: int
+    successes: int
+    failures: int
+    slow_calls: int
+    ignored: int
+    stale: int
+    opened: int
+
+
+class _Hook:
+    """The map's state-change hook: calls ``callback(key, old, new)`` for each map callback.
+
+    It refers to the map only weakly, so a map is freed by reference counting (its breakers hold
+    their config, and the config holds this hook).
+    """
+
+    __slots__ = ("callbacks", "_map")
+
+    def __init__(self, owner: Any) -> None:
+        # Only ever appended to: firing can read it while another thread registers.
+        self.callbacks: list[StateCallback] = []
+        self._map = weakref.ref(owner)
+
+    def __call__(self, breaker: Any, old: State, new: State) -> None:
+        if not self.callbacks:
+            return
+        key = self._key_of(breaker)
+        for cb in tuple(self.callbacks):
+            try:
+                cb(key, old, new)
+            except Exception:
+                _logger.exception("fastbreaker: BreakerMap state-change callback %r raised", cb)
+
+    def _key_of(self, breaker: Any) -> Any:
+        try:
+            return breaker._label
+        except AttributeError:
+            # A core that keeps the label private: find the breaker among the held ones (a
+            # transition is rare, so an O(len) scan here costs nothing on the call path).
+            owner = self._map()
+            for key, held in list(owner._d.items()) if owner is not None else ():
+                if held is breaker:
+                    return key
+            return breaker.name
+
+
+# -- the rarely-run steps, shared by both classes -----------------------------------------------
+def _init(
+    m: Any,
+    failure_threshold: int = 5,
+    reset_timeout: Duration = 30.0,
+    *,
+    window: int = 0,
+    min_calls: int = 20,
+    failure_rate: float = 0.5,
+    slow_call_duration: Optional[Duration] = None,
+    slow_call_rate: float = 1.0,
+    half_open_max_calls: int = 1,
+    success_threshold: int = 1,
+    max_reset_timeout: Optional[Duration] = None,
+    probe_timeout: Optional[Duration] = None,
+    failure_on: ExcTypes | FailurePredicate = (Exception,),
+    ignore: ExcTypes = (),
+    max_open_ratio: float = 1.0,
+    max_keys: Optional[int] = None,
+    clock: Optional[Callable[[], int]] = None,
+) -> None:
+    options = BreakerOptions(
+        failure_threshold, reset_timeout, window=window, min_calls=min_calls,
+        failure_rate=failure_rate, slow_call_duration=slow_call_duration,
+        slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
+        success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
+        probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore, clock=clock,
+    )
+    ratio = check_rate(max_open_ratio, "max_open_ratio")
+    if max_keys is not None:
+        check_count(max_keys, "max_keys", 1, 2**62)
+    core = m._core
+    m._options = options
+    m._group = core.Group(ratio)
+    m._hook = _Hook(m)
+    m._config = core.Config(options, m._group, m._hook)
+    m._config.shared = True  # a breaker that registers its own callback gets a private copy
+    # Dropped and untracked breakers share one config without group or hook: they keep working
+    # but no longer affect the map.
+    m._detached = core.Config(options)
+    m._detached.shared = True
+    m._lock = threading.Lock()
+    m._max_keys = max_keys
+    m._room = max(1, max_keys // _ROOM_DIVISOR) if max_keys is not None else 0
+    m._evicted = 0
+    m._untracked = 0
+    m._dropped = dict.fromkeys(_COUNTERS, 0)
+
+
+def _new(m: Any, key: Hashable) -> Any:
+    """First sight of ``key``: create its breaker, making room first if the map is full."""
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"key must be hashable (e.g. a str or a tuple of str), got {key!r}") from None
+    breaker_cls = m._core.CircuitBreaker
+    with m._lock:
+        breaker = m._d.get(key)
+        if breaker is not None:  # another thread created it while we waited for the lock
+            return breaker
+        if m._max_keys is not None and len(m._d) >= m._max_keys:
+            _make_room(m)
+            if len(m._d) >= m._max_keys:
+                # Every held breaker is OPEN, HALF_OPEN or ISOLATED, and none may be dropped.
+                m._untracked += 1
+                return breaker_cls._from_config(m._detached, key)
+        breaker = breaker_cls._from_config(m._config, key)
+        m._d[key] = breaker
+        m._group.add_size(1)
+        return breaker
+
+
+def _carries_no_information(metrics: Any) -> bool:
+    """CLOSED with no consecutive failures and no failure or slow call in its window."""
+    return (
+        metrics.state == CLOSED
+        and metrics.consecutive_failures == 0
+        and not metrics.failure_rate
+        and not metrics.slow_call_rate
+    )
+
+
+def _make_room(m: Any) -> None:
+    # One scan in creation order picks the victims: breakers that carry no information first,
+    # then other CLOSED ones. It stops as soon as enough of the first kind are found, the common
+    # case (most hosts are healthy), so a scan is short.
+    need = len(m._d) - (m._max_keys - m._room)
+    idle: list[tuple[Hashable, Any]] = []
+    closed: list[tuple[Hashable, Any]] = []
+    for key, breaker in m._d.items():  # only this lock's holder changes the dict
+        metrics = breaker.metrics()
+        if metrics.state != CLOSED:
+            continue
+        if _carries_no_information(metrics):
+            idle.append((key, breaker))
+            if len(idle) >= need:
+                break
+        elif len(closed) < need:
+            closed.append((key, breaker))
+    for key, breaker in idle + closed[: need - len(idle)]:
+        _drop(m, key, breaker)
+
+
+def _drop(m: Any, key: Hashable, breaker: Any) -> None:
+    del m._d[key]
+    if not m._detach(breaker, m._config, m._detached):
+        # It left CLOSED since the scan (a keyed call already held it): keep it.
+        m._d[key] = breaker
+        return
+    m._group.add_size(-1)
+    m._evicted += 1
+    # Its counters are read after it left the dict, when keyed calls can no longer reach it.
+    metrics = breaker.metrics()
+    dropped = m._dropped
+    for name in _COUNTERS:
+        dropped[name] += getattr(metrics, name)
+
+
+def _iter(m: Any) -> Iterator[Hashable]:
+    return iter(list(m._d))
+
+
+def _open_keys(m: Any) -> list[Hashable]:
+    if m._group.open == 0:  # the core counts the non-CLOSED breakers: nothing to look for
+        return []
+    return [key for key, b in list(m._d.items()) if b.state != CLOSED]
+
+
+def _metrics(m: Any) -> MapMetrics:
+    with m._lock:  # no eviction between the list of breakers and the totals of dropped ones
+        breakers = list(m._d.values())
+        totals = dict(m._dropped)
+        evicted, untracked = m._evicted, m._untracked
+    by_state = [0, 0, 0, 0]
+    for breaker in breakers:
+        metrics = breaker.metrics()
+        by_state[metrics.state] += 1
+        for name in _COUNTERS:
+            totals[name] += getattr(metrics, name)
+    return MapMetrics(
+        keys=len(breakers),
+        open=by_state[State.OPEN],
+        half_open=by_state[State.HALF_OPEN],
+        isolated=by_state[State.ISOLATED],
+        evicted=evicted,
+        suppressed_trips=m._group.suppressed,
+        untracked=untracked,
+        **totals,
+    )
+
+
+def _on_state_change(m: Any, callback: CB) -> CB:
+    if not callable(callback):
+        raise TypeError(f"callback must be callable, got {callback!r}")
+    m._hook.callbacks.append(callback)
+    return callback
+
+
+def _repr(m: Any) -> str:
+    return f"<BreakerMap keys={len(m._d)} max_keys={m._max_keys}>"
+
+
+class BreakerMap:
+    """One circuit breaker per key (a host, or a ``(host, operation)`` tuple), bounded, no threads.
+
+    ``BreakerMap(failure_threshold=5, reset_timeout=30.0, *, <every CircuitBreaker option but
+    name>, max_open_ratio=1.0, max_keys=None, clock=None)``. Keys are any hashable.
+
+    Every key behaves exactly like a ``CircuitBreaker`` with the map's options and clock.
+    ``allow``, ``record_success``, ``record_failure``, ``call``, ``call_async`` and ``m[key]``
+    create the key's breaker on first sight (its ``name`` is ``str(key)``; ``with m[key]:``
+    works); ``get`` never creates. ``key in m``, ``len(m)`` and ``iter(m)`` see the keys held.
+
+    ``max_open_ratio`` (like Envoy's ``max_ejection_percent``): an automatic CLOSED -> OPEN trip
+    happens only if afterwards at most ``max(1, floor(max_open_ratio * len(m)))`` breakers are
+    OPEN, HALF_OPEN or ISOLATED (computed exactly: 0.29 x 100 keys allows 29). Otherwise the
+    breaker stays CLOSED with its failures recorded and ``metrics().suppressed_trips`` counts the
+    refusal. ``trip()``, ``isolate()`` and re-trips from HALF_OPEN are never refused.
+
+    ``max_keys``: the map never holds more breakers. When a new key arrives and the map is full,
+    it makes room for ``max(1, max_keys // 64)`` keys at once, dropping in creation order the
+    breakers that carry no information (CLOSED, no consecutive failures, no failure or slow call
+    in the window), then, if there are not enough of those, the oldest CLOSED ones. OPEN,
+    HALF_OPEN and ISOLATED breakers are never dropped: if every held breaker is in one of those
+    states, a new key gets a fresh CLOSED breaker that the map does not hold. Its calls are
+    admitted, nothing about them is remembered, the key is not in the map, and
+    ``metrics().untracked`` counts it. A breaker obtained earlier keeps working after its key was
+    dropped but no longer affects the map: no map callbacks, no share of ``max_open_ratio``, and
+    its later calls are not in the map's totals.
+
+    Thread-safe, with no lock on the call path for keys already held; no threads, timers or tasks.
+    """
+
+    __slots__ = (
+        "_d", "_options", "_group", "_config", "_detached", "_hook", "_lock", "_max_keys",
+        "_room", "_evicted", "_untracked", "_dropped", "__weakref__",
+    )
+
+    _core: types.ModuleType = _breaker_py
+    _d: dict[Hashable, CircuitBreaker]
+    _options: BreakerOptions
+    _group: Group
+    _config: Config
+    _detached: Config
+    _hook: _Hook
+    _lock: threading.Lock
+    _max_keys: Optional[int]
+    _room: int
+    _evicted: int
+    _untracked: int
+    _dropped: dict[str, int]
+
+    def __init__(
+        self,
+        failure_threshold: int = 5,
+        reset_timeout: Duration = 30.0,
+        *,
+        window: int = 0,
+        min_calls: int = 20,
+        failure_rate: float = 0.5,
+        slow_call_duration: Optional[Duration] = None,
+        slow_call_rate: float = 1.0,
+        half_open_max_calls: int = 1,
+        success_threshold: int = 1,
+        max_reset_timeout: Optional[Duration] = None,
+        probe_timeout: Optional[Duration] = None,
+        failure_on: ExcTypes | FailurePredicate = (Exception,),
+        ignore: ExcTypes = (),
+        max_open_ratio: float = 1.0,
+        max_keys: Optional[int] = None,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        self._d = {}
+        _init(
+            self, failure_threshold, reset_timeout, window=window, min_calls=min_calls,
+            failure_rate=failure_rate, slow_call_duration=slow_call_duration,
+            slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
+            success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
+            probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore,
+            max_open_ratio=max_open_ratio, max_keys=max_keys, clock=clock,
+        )
+
+    # -- the call path ---------------------------------------------------------------------------
+    def _breaker(self, key: Hashable) -> CircuitBreaker:
+        try:
+            breaker = self._d.get(key)
+        except TypeError:  # unhashable: _new raises the error that names the parameter
+            breaker = None
+        return _new(self, key) if breaker is None else breaker  # type: ignore[no-any-return]
+
+    def allow(self, key: Hashable) -> bool:
+        """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
+        return self._breaker(key).allow()
+
+    def record_success(self, key: Hashable, elapsed: Optional[Duration] = None) -> None:
+        """Report a success for ``key`` (``elapsed`` seconds make it slow when over the limit)."""
+        self._breaker(key).record_success(elapsed)
+
+    def record_failure(self, key: Hashable) -> None:
+        """Report a failure for ``key``."""
+        self._breaker(key).record_failure()
+
+    def call(self, key: Hashable, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Call ``fn(*args, **kwargs)`` through ``key``'s breaker (CircuitOpenError if rejected)."""
+        return self._breaker(key).call(fn, *args, **kwargs)
+
+    def call_async(
+        self, key: Hashable, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any
+    ) -> Awaitable[T]:
+        """Await ``fn(*args, **kwargs)`` through ``key``'s breaker."""
+        return self._breaker(key).call_async(fn, *args, **kwargs)
+
+    def __getitem__(self, key: Hashable) -> CircuitBreaker:
+        """The key's breaker, created if absent."""
+        return self._breaker(key)
+
+    def get(self, key: Hashable) -> Optional[CircuitBreaker]:
+        """The key's breaker, or None; never creates one."""
+        return self._d.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    # -- the rest ----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Hashable]:
+        """The keys currently held, in creation order (a snapshot)."""
+        return _iter(self)
+
+    def open_keys(self) -> list[Hashable]:
+        """Keys whose breaker is OPEN, HALF_OPEN or ISOLATED (the stored state; no transition)."""
+        return _open_keys(self)
+
+    def metrics(self) -> MapMetrics:
+        """A snapshot: counts by state, evictions, suppressed trips, and cumulative call totals."""
+        return _metrics(self)
+
+    def on_state_change(self, callback: CB) -> CB:
+        """Register ``callback(key, old_state, new_state)`` for every breaker of the map.
+
+        Returns the callback (decorator-friendly). A callback that raises is logged and does not
+        stop the others. Dropped and untracked breakers do not call it.
+        """
+        return _on_state_change(self, callback)
+
+    def __repr__(self) -> str:
+        return _repr(self)
+
+    def _detach(self, breaker: CircuitBreaker, shared: Config, detached: Config) -> bool:
+        """Give ``breaker`` a group-less config iff it is CLOSED, with no transition in between.
+
+        A breaker on the map's ``shared`` config gets ``detached``; one with its own listeners
+        gets a private group-less copy without the map's hook. Holding the breaker's lock (and
+        the listener lock, so that no callback registration is lost) makes check and swap one
+        step: a trip in between would leave the map's count of non-CLOSED breakers off forever.
+        """
+        with _listener_lock, breaker._lock:
+            if breaker._state != CLOSED:
+                return False
+            config = breaker._config
+            if config is shared:
+                config = detached
+            else:
+                config = config.copy(keep_group=False)
+                config.hook = None
+            breaker._set_config(config)
+            return True
