@@ -15,81 +15,61 @@ Groups (compare within a group, same run, same machine):
 
 from __future__ import annotations
 
-import os
+import functools
+import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
-import fastbreaker as fb
-from fastbreaker import _budget_py
+import fastbreaker
 
-IMPLS = ["python"] if os.environ.get("FASTBREAKER_NO_EXTENSIONS") else ["c", "python"]
-
-
-def _budget_module(impl: str) -> Any:
-    if impl == "c":
-        from fastbreaker import _budget_c
-
-        return _budget_c
-    return _budget_py
-
-
-def _floor() -> Any:
-    if os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
-        pytest.skip("no compiled floor in a pure build")
-    from fastbreaker._floor_c import Floor
-
-    return Floor()
+# The fb, floor and drive fixtures come from benchmarks/conftest.py.
 
 
 # --- RetryBudget ----------------------------------------------------------------------------------
 
 
 @pytest.mark.benchmark(group="budget.record_success")
-@pytest.mark.parametrize("impl", IMPLS)
-def test_record_success_full(benchmark: Any, impl: str) -> None:
+def test_record_success_full(benchmark: Any, fb: types.SimpleNamespace) -> None:
     """The healthy steady state: the bucket is full, a success is one atomic load."""
-    b = _budget_module(impl).RetryBudget()
+    b = fb.RetryBudget()
     benchmark(b.record_success)
     assert b.tokens == 100.0
 
 
 @pytest.mark.benchmark(group="budget.record_success")
-@pytest.mark.parametrize("impl", IMPLS)
-def test_record_success_filling(benchmark: Any, impl: str) -> None:
+def test_record_success_filling(benchmark: Any, fb: types.SimpleNamespace) -> None:
     """Below capacity: every success is a compare-and-swap (huge capacity keeps it below)."""
-    b = _budget_module(impl).RetryBudget(ratio=1e-6, capacity=1e12, min_per_sec=0)
+    b = fb.RetryBudget(ratio=1e-6, capacity=1e12, min_per_sec=0)
     for _ in range(10):
         b.allow_retry()
     benchmark(b.record_success)
 
 
 @pytest.mark.benchmark(group="budget.record_success")
-def test_record_success_floor(benchmark: Any) -> None:
-    benchmark(_floor().record_success)
+def test_record_success_floor(benchmark: Any, floor: Any) -> None:
+    benchmark(floor.record_success)
 
 
 @pytest.mark.benchmark(group="budget.allow_retry")
-@pytest.mark.parametrize("impl", IMPLS)
-def test_allow_retry_granted(benchmark: Any, impl: str) -> None:
+def test_allow_retry_granted(benchmark: Any, fb: types.SimpleNamespace) -> None:
     """A token is taken; the refill reads CLOCK_MONOTONIC (default min_per_sec=1)."""
-    b = _budget_module(impl).RetryBudget(capacity=1e12)
+    b = fb.RetryBudget(capacity=1e12)
     assert benchmark(b.allow_retry) is True
 
 
 @pytest.mark.benchmark(group="budget.allow_retry")
-@pytest.mark.parametrize("impl", IMPLS)
-def test_allow_retry_refused(benchmark: Any, impl: str) -> None:
+def test_allow_retry_refused(benchmark: Any, fb: types.SimpleNamespace) -> None:
     """An empty bucket with no reserve: the refusal path (no clock read)."""
-    b = _budget_module(impl).RetryBudget(ratio=0, capacity=1, min_per_sec=0)
+    b = fb.RetryBudget(ratio=0, capacity=1, min_per_sec=0)
     b.allow_retry()
     assert benchmark(b.allow_retry) is False
 
 
 @pytest.mark.benchmark(group="budget.allow_retry")
-def test_allow_retry_floor(benchmark: Any) -> None:
-    benchmark(_floor().allow)
+def test_allow_retry_floor(benchmark: Any, floor: Any) -> None:
+    benchmark(floor.allow)
 
 
 # --- @retry on a call that succeeds first time --------------------------------------------------
@@ -101,6 +81,10 @@ def work(x: int) -> int:
 
 async def awork(x: int) -> int:
     return x + 1
+
+
+def _fastbreaker(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    return fastbreaker.retry(on=ConnectionError, attempts=3, base=0.05, cap=2.0, **options)(fn)
 
 
 def _tenacity(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,9 +106,9 @@ def _stamina(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 SYNC: dict[str, Callable[[], Callable[..., Any]]] = {
     "bare": lambda: work,
-    "fastbreaker": lambda: fb.retry(on=ConnectionError, attempts=3)(work),
-    "fastbreaker+budget": lambda: fb.retry(on=ConnectionError, budget=fb.RetryBudget())(work),
-    "fastbreaker+deadline": lambda: fb.retry(on=ConnectionError, deadline=30.0)(work),
+    "fastbreaker": lambda: _fastbreaker(work),
+    "fastbreaker+budget": lambda: _fastbreaker(work, budget=fastbreaker.RetryBudget()),
+    "fastbreaker+deadline": lambda: _fastbreaker(work, deadline=30.0),
     "tenacity": lambda: _tenacity(work),
     "stamina": lambda: _stamina(work),
 }
@@ -139,25 +123,15 @@ def test_retry_sync_success(benchmark: Any, name: str) -> None:
 
 ASYNC: dict[str, Callable[[], Callable[..., Coroutine[Any, Any, int]]]] = {
     "bare": lambda: awork,
-    "fastbreaker": lambda: fb.retry(on=ConnectionError, attempts=3)(awork),
-    "fastbreaker+budget": lambda: fb.retry(on=ConnectionError, budget=fb.RetryBudget())(awork),
+    "fastbreaker": lambda: _fastbreaker(awork),
+    "fastbreaker+budget": lambda: _fastbreaker(awork, budget=fastbreaker.RetryBudget()),
     "tenacity": lambda: _tenacity(awork),
     "stamina": lambda: _stamina(awork),
 }
 
 
-def _drive(fn: Callable[..., Coroutine[Any, Any, int]]) -> int:
-    coro = fn(1)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise AssertionError("the coroutine suspended")
-
-
 @pytest.mark.benchmark(group="retry.async")
 @pytest.mark.parametrize("name", list(ASYNC))
-def test_retry_async_success(benchmark: Any, name: str) -> None:
-    fn = ASYNC[name]()
-    assert benchmark(_drive, fn) == 2
+def test_retry_async_success(benchmark: Any, drive: Any, name: str) -> None:
+    call = functools.partial(ASYNC[name](), 1)
+    assert benchmark(drive, call) == 2
