@@ -33,7 +33,7 @@ rates = st.one_of(
 steps = st.one_of(
     st.integers(0, 2_000),
     st.integers(0, 3_000_000_000),
-    st.integers(0, 10**18),
+    st.integers(0, 10**17),  # 60 steps of it stay inside int64 ns
 )
 ops = st.lists(
     st.one_of(
