@@ -1,0 +1,393 @@
+"""Benchmarks: the circuit breaker's hot paths on both cores, the floor, and the peers.
+
+    python -m pytest benchmarks/bench_breaker.py --benchmark-enable \
+        --benchmark-columns=min,median,ops
+
+Compare within a group (same run, same machine); each benchmark is one operation through a
+function call, so the absolute numbers carry pytest-benchmark's own overhead, the same in every
+row of a group. ``python -m fastbreaker`` measures the same paths with that overhead removed.
+
+Groups:
+
+* ``breaker.allow``: ``allow()`` in CLOSED, compiled vs twin, next to the floor.
+* ``breaker.allow+record``: ``allow()`` then ``record_success()``, the raw permit API.
+* ``breaker.call``: ``call(f)`` next to ``f()`` alone, the floor's ``call(f)`` and each peer on
+  its success path (pybreaker, circuitbreaker, aiobreaker, purgatory through their documented API).
+* ``breaker.open``: rejection while OPEN: ``allow()`` returning False, ``call(f)`` raising
+  CircuitOpenError, and each peer's rejection (raising its own error, caught).
+* ``breaker.with``: ``with breaker:`` around nothing, next to ``nullcontext()`` and the peers'
+  context managers.
+* ``breaker.decorator``: a decorated ``f()``, next to ``f()`` and the peers' decorators.
+* ``breaker.async``: ``await`` paths (``call_async``, ``async with``, decorated coroutine
+  functions), next to ``await af()`` and the asyncio peers; coroutines are driven with
+  ``send(None)`` (the ``drive`` fixture), without an event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import types
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+OPEN_SECONDS = 3600  # tripped breakers stay open for the whole run
+
+Drive = Callable[[Callable[[], Coroutine[Any, Any, Any]]], Any]
+
+
+def f() -> int:
+    return 1
+
+
+async def af() -> int:
+    return 1
+
+
+class Boom(Exception):
+    pass
+
+
+def boom() -> None:
+    raise Boom
+
+
+def _breaker(fb: types.SimpleNamespace, *, tripped: bool = False) -> Any:
+    cb = fb.CircuitBreaker(reset_timeout=OPEN_SECONDS)
+    if tripped:
+        cb.trip()
+    return cb
+
+
+def _circuitbreaker(name: str) -> Any:
+    circuitbreaker = pytest.importorskip("circuitbreaker")
+    return circuitbreaker.CircuitBreaker(
+        failure_threshold=5, recovery_timeout=OPEN_SECONDS, name=name
+    )
+
+
+def _aiobreaker() -> Any:
+    aiobreaker = pytest.importorskip("aiobreaker")
+    return aiobreaker.CircuitBreaker(
+        fail_max=5, timeout_duration=datetime.timedelta(seconds=OPEN_SECONDS)
+    )
+
+
+def _rejected(call: Callable[[], Any], error: type[BaseException]) -> Callable[[], bool]:
+    """A function making one rejected call and catching the library's error."""
+
+    def run() -> bool:
+        try:
+            call()
+        except error:
+            return True
+        return False
+
+    assert run(), f"{call!r} was not rejected"
+    return run
+
+
+# -- allow() and the raw permit API ----------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="breaker.allow")
+def test_allow_closed(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    assert benchmark(_breaker(fb).allow) is True
+
+
+@pytest.mark.benchmark(group="breaker.allow")
+def test_allow_floor(benchmark: Any, floor: Any) -> None:
+    assert benchmark(floor.allow) is True
+
+
+@pytest.mark.benchmark(group="breaker.allow+record")
+def test_allow_record_success(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    cb = _breaker(fb)
+    allow, record = cb.allow, cb.record_success
+
+    def run() -> None:
+        if allow():
+            record()
+
+    benchmark(run)
+    assert cb.metrics().successes > 0
+
+
+@pytest.mark.benchmark(group="breaker.allow+record")
+def test_allow_record_success_floor(benchmark: Any, floor: Any) -> None:
+    allow, record = floor.allow, floor.record_success
+
+    def run() -> None:
+        if allow():
+            record()
+
+    benchmark(run)
+
+
+# -- call(f) on the success path ----------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call_baseline_f(benchmark: Any) -> None:
+    """``f()`` alone: what every guarded call in this group adds to."""
+    assert benchmark(f) == 1
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    assert benchmark(_breaker(fb).call, f) == 1
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call_floor(benchmark: Any, floor: Any) -> None:
+    assert benchmark(floor.call, f) == 1
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call_pybreaker(benchmark: Any) -> None:
+    pybreaker = pytest.importorskip("pybreaker")
+    cb = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS)
+    assert benchmark(cb.call, f) == 1
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call_circuitbreaker(benchmark: Any) -> None:
+    """circuitbreaker's documented API is the decorator (its ``call()`` skips the state check)."""
+    assert benchmark(_circuitbreaker("bench-call")(f)) == 1
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call_aiobreaker(benchmark: Any) -> None:
+    assert benchmark(_aiobreaker().call, f) == 1
+
+
+@pytest.mark.benchmark(group="breaker.call")
+def test_call_purgatory(benchmark: Any) -> None:
+    """purgatory's documented use fetches the breaker by name for every call."""
+    purgatory = pytest.importorskip("purgatory")
+    factory = purgatory.SyncCircuitBreakerFactory(default_threshold=5, default_ttl=OPEN_SECONDS)
+
+    def run() -> int:
+        with factory.get_breaker("bench-call"):
+            return f()
+
+    assert benchmark(run) == 1
+
+
+# -- rejection while OPEN -----------------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="breaker.open")
+def test_open_allow(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    assert benchmark(_breaker(fb, tripped=True).allow) is False
+
+
+@pytest.mark.benchmark(group="breaker.open")
+def test_open_call(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    cb = _breaker(fb, tripped=True)
+    assert benchmark(_rejected(lambda: cb.call(f), fb.CircuitOpenError)) is True
+
+
+@pytest.mark.benchmark(group="breaker.open")
+def test_open_pybreaker(benchmark: Any) -> None:
+    pybreaker = pytest.importorskip("pybreaker")
+    cb = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS)
+    cb.open()
+    assert benchmark(_rejected(lambda: cb.call(f), pybreaker.CircuitBreakerError)) is True
+
+
+@pytest.mark.benchmark(group="breaker.open")
+def test_open_circuitbreaker(benchmark: Any) -> None:
+    circuitbreaker = pytest.importorskip("circuitbreaker")
+    cb = _circuitbreaker("bench-open")
+    guarded, failing = cb(f), cb(boom)
+    for _ in range(5):
+        _rejected(failing, Boom)
+    assert benchmark(_rejected(guarded, circuitbreaker.CircuitBreakerError)) is True
+
+
+@pytest.mark.benchmark(group="breaker.open")
+def test_open_aiobreaker(benchmark: Any) -> None:
+    aiobreaker = pytest.importorskip("aiobreaker")
+    cb = _aiobreaker()
+    cb.open()
+    assert benchmark(_rejected(lambda: cb.call(f), aiobreaker.CircuitBreakerError)) is True
+
+
+@pytest.mark.benchmark(group="breaker.open")
+def test_open_purgatory(benchmark: Any) -> None:
+    purgatory = pytest.importorskip("purgatory")
+    from purgatory.domain.model import OpenedState
+
+    factory = purgatory.SyncCircuitBreakerFactory(default_threshold=5, default_ttl=OPEN_SECONDS)
+
+    def fail() -> None:
+        with factory.get_breaker("bench-open"):
+            boom()
+
+    def guarded() -> int:
+        with factory.get_breaker("bench-open"):
+            return f()
+
+    for _ in range(5):
+        _rejected(fail, Boom)
+    assert benchmark(_rejected(guarded, OpenedState)) is True
+
+
+# -- with / decorator ---------------------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="breaker.with")
+def test_with_baseline_nullcontext(benchmark: Any) -> None:
+    null = contextlib.nullcontext()
+
+    def run() -> None:
+        with null:
+            pass
+
+    benchmark(run)
+
+
+@pytest.mark.benchmark(group="breaker.with")
+def test_with(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    cb = _breaker(fb)
+
+    def run() -> None:
+        with cb:
+            pass
+
+    benchmark(run)
+    assert cb.metrics().successes > 0
+
+
+@pytest.mark.benchmark(group="breaker.with")
+def test_with_pybreaker(benchmark: Any) -> None:
+    pybreaker = pytest.importorskip("pybreaker")
+    cb = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS)
+
+    def run() -> None:
+        with cb.calling():
+            pass
+
+    benchmark(run)
+
+
+@pytest.mark.benchmark(group="breaker.with")
+def test_with_purgatory(benchmark: Any) -> None:
+    purgatory = pytest.importorskip("purgatory")
+    factory = purgatory.SyncCircuitBreakerFactory(default_threshold=5, default_ttl=OPEN_SECONDS)
+
+    def run() -> None:
+        with factory.get_breaker("bench-with"):
+            pass
+
+    benchmark(run)
+
+
+@pytest.mark.benchmark(group="breaker.decorator")
+def test_decorator_baseline_f(benchmark: Any) -> None:
+    assert benchmark(f) == 1
+
+
+@pytest.mark.benchmark(group="breaker.decorator")
+def test_decorator(benchmark: Any, fb: types.SimpleNamespace) -> None:
+    assert benchmark(_breaker(fb)(f)) == 1
+
+
+@pytest.mark.benchmark(group="breaker.decorator")
+def test_decorator_pybreaker(benchmark: Any) -> None:
+    pybreaker = pytest.importorskip("pybreaker")
+    assert benchmark(pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS)(f)) == 1
+
+
+@pytest.mark.benchmark(group="breaker.decorator")
+def test_decorator_circuitbreaker(benchmark: Any) -> None:
+    assert benchmark(_circuitbreaker("bench-deco")(f)) == 1
+
+
+@pytest.mark.benchmark(group="breaker.decorator")
+def test_decorator_aiobreaker(benchmark: Any) -> None:
+    assert benchmark(_aiobreaker()(f)) == 1
+
+
+@pytest.mark.benchmark(group="breaker.decorator")
+def test_decorator_purgatory(benchmark: Any) -> None:
+    purgatory = pytest.importorskip("purgatory")
+    factory = purgatory.SyncCircuitBreakerFactory(default_threshold=5, default_ttl=OPEN_SECONDS)
+    assert benchmark(factory("bench-deco")(f)) == 1
+
+
+# -- async ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_baseline_af(benchmark: Any, drive: Drive) -> None:
+    async def run() -> int:
+        return await af()
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_call(benchmark: Any, fb: types.SimpleNamespace, drive: Drive) -> None:
+    cb = _breaker(fb)
+
+    async def run() -> Any:
+        return await cb.call_async(af)
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_with(benchmark: Any, fb: types.SimpleNamespace, drive: Drive) -> None:
+    cb = _breaker(fb)
+
+    async def run() -> int:
+        async with cb:
+            return await af()
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_decorator(benchmark: Any, fb: types.SimpleNamespace, drive: Drive) -> None:
+    guarded = _breaker(fb)(af)
+
+    async def run() -> Any:
+        return await guarded()
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_circuitbreaker(benchmark: Any, drive: Drive) -> None:
+    guarded = _circuitbreaker("bench-async")(af)
+
+    async def run() -> Any:
+        return await guarded()
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_aiobreaker(benchmark: Any, drive: Drive) -> None:
+    cb = _aiobreaker()
+
+    async def run() -> Any:
+        return await cb.call_async(af)
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_purgatory(benchmark: Any, drive: Drive) -> None:
+    purgatory = pytest.importorskip("purgatory")
+    factory = purgatory.AsyncCircuitBreakerFactory(default_threshold=5, default_ttl=OPEN_SECONDS)
+
+    async def run() -> int:
+        async with await factory.get_breaker("bench-async"):
+            return await af()
+
+    assert benchmark(drive, run) == 1
