@@ -1,0 +1,11 @@
+"""Optional integrations with third-party libraries, one module each.
+
+Nothing here is imported by ``import fastbreaker``: each module imports its library when it is
+itself imported, and says which extra to install when the library is missing.
+
+- ``fastbreaker.contrib.httpx``: ``BreakerTransport`` and ``AsyncBreakerTransport``, per-host
+  breakers (and optional budgeted retries) around any httpx transport
+  (``pip install 'fastbreaker[httpx]'``).
+- ``fastbreaker.contrib.prometheus``: ``BreakerCollector``, which exports breakers, maps and
+  retry budgets at scrape time (``pip install 'fastbreaker[prometheus]'``).
+"""
