@@ -2,8 +2,10 @@
  *
  * Cython has no C atomics, so the .pyx files declare these static inline functions with
  * `cdef extern from "_fb_atomic.h" nogil`. GCC and Clang use the __atomic builtins, MSVC the
- * Interlocked family (x64/ARM64: every Interlocked call is a full barrier, aligned 64-bit plain
- * loads and stores are atomic; the compiler barrier keeps the ordering we ask for).
+ * Interlocked family (each a full barrier) and, for plain loads and stores: on x64, volatile
+ * accesses (atomic when aligned, ordered by the hardware; the compiler barrier keeps the order
+ * we ask for); on ARM64, LDAR/STLR (the hardware reorders plain accesses there); on 32-bit x86,
+ * where a 64-bit plain access is two accesses, Interlocked calls.
  *
  * FB_RACY_FOR_TESTS (test-only, never set by setup.py for the shipped package) replaces every
  * compare-and-swap with a plain load + compare + store, so the stress tests can show that they
@@ -18,10 +20,22 @@
 #include <windows.h>
 #include <intrin.h>
 
+#if defined(_M_ARM64) || defined(_M_ARM64EC)
+static inline int64_t fb_load_acq(int64_t *p) { return (int64_t)__ldar64((unsigned __int64 volatile *)p); }
+static inline int64_t fb_load_rlx(int64_t *p) { return __iso_volatile_load64((__int64 volatile *)p); }
+static inline void fb_store_rel(int64_t *p, int64_t v) { __stlr64((unsigned __int64 volatile *)p, (unsigned __int64)v); }
+static inline void fb_store_rlx(int64_t *p, int64_t v) { __iso_volatile_store64((__int64 volatile *)p, v); }
+#elif defined(_M_IX86)
+static inline int64_t fb_load_acq(int64_t *p) { return InterlockedCompareExchange64((volatile LONG64 *)p, 0, 0); }
+static inline int64_t fb_load_rlx(int64_t *p) { return InterlockedCompareExchange64((volatile LONG64 *)p, 0, 0); }
+static inline void fb_store_rel(int64_t *p, int64_t v) { InterlockedExchange64((volatile LONG64 *)p, v); }
+static inline void fb_store_rlx(int64_t *p, int64_t v) { InterlockedExchange64((volatile LONG64 *)p, v); }
+#else
 static inline int64_t fb_load_acq(int64_t *p) { int64_t v = *(volatile int64_t *)p; _ReadWriteBarrier(); return v; }
 static inline int64_t fb_load_rlx(int64_t *p) { return *(volatile int64_t *)p; }
 static inline void fb_store_rel(int64_t *p, int64_t v) { _ReadWriteBarrier(); *(volatile int64_t *)p = v; }
 static inline void fb_store_rlx(int64_t *p, int64_t v) { *(volatile int64_t *)p = v; }
+#endif
 static inline int64_t fb_add(int64_t *p, int64_t v) { return InterlockedExchangeAdd64((volatile LONG64 *)p, v) + v; }
 static inline int64_t fb_xchg(int64_t *p, int64_t v) { return InterlockedExchange64((volatile LONG64 *)p, v); }
 static inline int fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired) {
@@ -69,6 +83,7 @@ static inline void fb_max(int64_t *p, int64_t v) {
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 #if defined(_WIN32)
+#include <windows.h>  /* also for Windows compilers other than MSVC (clang-cl, MinGW) */
 static inline int64_t fb_monotonic_ns(void) {
     static LARGE_INTEGER freq;
     LARGE_INTEGER c;
