@@ -18,6 +18,8 @@ import pytest
 
 import fastbreaker
 
+pytestmark = pytest.mark.thread_unsafe  # each test runs the report in a subprocess
+
 SRC = str(Path(fastbreaker.__file__).resolve().parent.parent)
 PEERS = ["pybreaker", "circuitbreaker", "aiobreaker", "purgatory"]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

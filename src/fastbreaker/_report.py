@@ -825,8 +825,9 @@ def _notes(result: dict[str, Any]) -> list[str]:
         f"versions: {versions}.",
         "how each system is driven:",
     ]
+    names = {key: header.format(hosts=f"{m['hosts']:,} hosts") for key, header, _ in COLUMNS}
     for row in result["rows"]:
-        how = "; ".join(f"{k.removesuffix('_ns')}: {v}" for k, v in row["api"].items())
+        how = "; ".join(f"[{names[k]}] {v}" for k, v in row["api"].items())
         notes.append(f"  {row['label']}: {how}")
     for skip in result["skipped"]:
         hint = "  (pip install 'fastbreaker[bench]')" if skip["reason"] == "not installed" else ""
