@@ -1,0 +1,182 @@
+"""Build test-only Cython extensions against fastbreaker's C API, at test time, in a temp folder.
+
+``build_client(dest)`` compiles ``fb_capi_client.pyx`` against the *installed* package the way a
+downstream project would: ``cimport fastbreaker._breaker_c`` resolved through the package's shipped
+``.pxd`` files, the C headers from the package folder.
+
+``build_racy(dest)`` is the negative control of the stress tests: it copies the core's ``.pyx``
+and ``.pxd`` sources under other module names, compiles them with ``FB_RACY_FOR_TESTS`` (every
+compare-and-swap becomes a plain load + compare + store), and builds the same client against
+them. Nothing built here is ever part of the package.
+
+Extra compiler and linker flags come from ``FB_TEST_CFLAGS`` / ``FB_TEST_LDFLAGS`` (the
+ThreadSanitizer run sets them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pathlib
+import re
+import shutil
+import sys
+import sysconfig
+import threading
+import types
+
+import fastbreaker
+
+HERE = pathlib.Path(__file__).resolve().parent
+CLIENT = HERE / "fb_capi_client.pyx"
+_lock = threading.RLock()
+
+
+def package_dir() -> pathlib.Path:
+    """The installed package's folder: its shipped .pxd and .h files live there."""
+    get_include = getattr(fastbreaker, "get_include", None)
+    if get_include is not None:
+        return pathlib.Path(get_include())
+    return pathlib.Path(fastbreaker.__file__).resolve().parent
+
+
+def core_source_dir() -> pathlib.Path | None:
+    """Where the core's .pyx sources are: beside the package (in-place or editable install),
+    else in the source tree next to tests/ (a wheel ships no .pyx). None if neither has them."""
+    for candidate in (package_dir(), HERE.parent.parent / "src" / "fastbreaker"):
+        if (candidate / "_breaker_c.pyx").exists() and (candidate / "_budget_c.pyx").exists():
+            return candidate
+    return None
+
+
+def _flags(name: str) -> list[str]:
+    return os.environ.get(name, "").split()
+
+
+def _compile(dest: pathlib.Path, modules: list[tuple[str, pathlib.Path, list[tuple[str, str]]]]) -> None:
+    from Cython.Build import cythonize
+    from setuptools import Distribution, Extension
+
+    optimize = [] if os.name == "nt" else ["-O2"]
+    exts = [
+        Extension(
+            name,
+            [str(pyx)],
+            include_dirs=[str(package_dir())],
+            define_macros=macros,
+            extra_compile_args=optimize + _flags("FB_TEST_CFLAGS"),
+            extra_link_args=_flags("FB_TEST_LDFLAGS"),
+        )
+        for name, pyx, macros in modules
+    ]
+    exts = cythonize(
+        exts,
+        include_path=[str(package_dir().parent), str(dest)],
+        build_dir=str(dest / "cython"),
+        quiet=True,
+        force=True,
+    )
+    dist = Distribution({"ext_modules": exts, "script_name": "setup.py"})
+    cmd = dist.get_command_obj("build_ext")
+    cmd.build_lib = str(dest)
+    cmd.build_temp = str(dest / "tmp")
+    cmd.ensure_finalized()
+    cmd.run()
+
+
+def _import(dest: pathlib.Path, name: str) -> types.ModuleType:
+    # Modules that cimport each other import one another by name at load time: put dest on the
+    # path (test-only folder, unique names, so nothing else can be shadowed).
+    if str(dest) not in sys.path:
+        sys.path.insert(0, str(dest))
+    return importlib.import_module(name)
+
+
+def build_client(dest: pathlib.Path) -> types.ModuleType:
+    """``fb_capi_client`` compiled against the installed package."""
+    with _lock:
+        dest.mkdir(parents=True, exist_ok=True)
+        pyx = dest / "fb_capi_client.pyx"
+        shutil.copyfile(CLIENT, pyx)
+        _compile(dest, [("fb_capi_client", pyx, [])])
+        return _import(dest, "fb_capi_client")
+
+
+RACY_BREAKER = "_fb_racy_breaker"
+RACY_BUDGET = "_fb_racy_budget"
+RACY_CLIENT = "fb_capi_client_racy"
+
+
+def _absolute_imports(text: str) -> str:
+    # The copies are top-level modules: their relative imports must name the package.
+    text = re.sub(r"^from \. import ", "from fastbreaker import ", text, flags=re.M)
+    return re.sub(r"^from \.(\w+) (c?import) ", r"from fastbreaker.\1 \2 ", text, flags=re.M)
+
+
+def build_racy(dest: pathlib.Path) -> types.ModuleType:
+    """The negative control: the core rebuilt with a non-atomic CAS, plus a client for it.
+
+    Returns a namespace with ``client`` (the client module), ``CircuitBreaker`` and
+    ``RetryBudget`` (the racy classes)."""
+    src = core_source_dir()
+    if src is None:
+        raise FileNotFoundError("the core's .pyx sources are not available (wheel install?)")
+    with _lock:
+        dest.mkdir(parents=True, exist_ok=True)
+        for core, copy in (("_breaker_c", RACY_BREAKER), ("_budget_c", RACY_BUDGET)):
+            for ext in (".pyx", ".pxd"):
+                text = (src / (core + ext)).read_text(encoding="utf-8")
+                (dest / (copy + ext)).write_text(_absolute_imports(text), encoding="utf-8")
+        client = CLIENT.read_text(encoding="utf-8")
+        client = client.replace("from fastbreaker._breaker_c cimport", f"from {RACY_BREAKER} cimport")
+        client = client.replace("from fastbreaker._budget_c cimport", f"from {RACY_BUDGET} cimport")
+        assert RACY_BREAKER in client and RACY_BUDGET in client
+        (dest / (RACY_CLIENT + ".pyx")).write_text(client, encoding="utf-8")
+        racy = [("FB_RACY_FOR_TESTS", "1")]
+        _compile(
+            dest,
+            [
+                (RACY_BREAKER, dest / (RACY_BREAKER + ".pyx"), racy),
+                (RACY_BUDGET, dest / (RACY_BUDGET + ".pyx"), racy),
+                (RACY_CLIENT, dest / (RACY_CLIENT + ".pyx"), []),
+            ],
+        )
+        breaker_mod = _import(dest, RACY_BREAKER)
+        budget_mod = _import(dest, RACY_BUDGET)
+        return types.SimpleNamespace(
+            client=_import(dest, RACY_CLIENT),
+            CircuitBreaker=breaker_mod.CircuitBreaker,
+            RetryBudget=budget_mod.RetryBudget,
+        )
+
+
+_built: dict[str, object] = {}
+
+
+def cached(kind: str, tmp_path_factory: object) -> types.ModuleType:
+    """``build_client`` or ``build_racy`` once per test session (shared by the test modules)."""
+    with _lock:
+        if kind not in _built:
+            dest = tmp_path_factory.mktemp(f"capi_{kind}")  # type: ignore[attr-defined]
+            try:
+                _built[kind] = (build_client if kind == "client" else build_racy)(dest)
+            except BaseException as exc:  # remember the failure: later tests fail the same way
+                _built[kind] = exc
+        result = _built[kind]
+    if isinstance(result, BaseException):
+        raise result
+    return result  # type: ignore[return-value]
+
+
+def have_compiler() -> bool:
+    """Cython and a C compiler are available (a downstream build is possible here)."""
+    try:
+        import Cython  # noqa: F401
+        import setuptools  # noqa: F401
+    except ImportError:
+        return False
+    if os.name == "nt":
+        return True  # setuptools finds MSVC itself; a failure there is a real failure
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(os.environ.get("CC", cc).split()[0]) is not None
