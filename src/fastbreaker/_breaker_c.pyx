@@ -560,8 +560,7 @@ cdef class CircuitBreaker:
         Py_DECREF(<object>old.owner)
 
     def _now(self):
-        cdef object clock = (<Config>self.st.cfg.owner).options.clock
-        return fb_monotonic_ns() if clock is None else clock()
+        return now_of(self)
 
     # -- raw API ---------------------------------------------------------------------------
     @cython.binding(False)
@@ -588,14 +587,14 @@ cdef class CircuitBreaker:
     def _permit_or_raise(self):
         cdef int64_t permit = acquire_or_reject(self)
         if permit < 0:
-            raise self._open_error()
+            raise open_error(self)
         return permit
 
     def _finish(self, int64_t permit, int outcome):
         finish(self, permit, outcome)
 
     def _open_error(self):
-        return CircuitOpenError(self.name, self.state, self.retry_after)
+        return open_error(self)
 
     # -- call paths ----------------------------------------------------------------------------
     @cython.binding(False)
@@ -609,20 +608,20 @@ cdef class CircuitBreaker:
         permit = acquire(&self.st, -1, &trans)
         if permit < 0 or trans:
             if permit == FB_NEED_CLOCK_:
-                permit = acquire(&self.st, self._now(), &trans)
+                permit = acquire(&self.st, now_of(self), &trans)
             if trans:
                 fire(self, trans)
             if permit < 0:
-                raise self._open_error()
+                raise open_error(self)
         c = self.st.cfg
         if c.slow_ns:
-            start = self._now()
+            start = now_of(self)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
             finish(self, permit, (<Config>c.owner).options.classify(exc))
             raise
-        if c.slow_ns and self._now() - start >= c.slow_ns:
+        if c.slow_ns and now_of(self) - start >= c.slow_ns:
             finish(self, permit, FB_SLOW)
         else:
             finish(self, permit, FB_SUCCESS)
@@ -652,7 +651,7 @@ cdef class CircuitBreaker:
     # -- manual control --------------------------------------------------------------------------
     def trip(self):
         """Force OPEN now (a fresh open period; lazy recovery follows). No effect when ISOLATED."""
-        cdef int trans = manual(&self.st, S_OPEN, self._now())
+        cdef int trans = manual(&self.st, S_OPEN, now_of(self))
         if trans:
             fire(self, trans)
 
@@ -677,15 +676,7 @@ cdef class CircuitBreaker:
     @property
     def retry_after(self):
         """Seconds until a probe may pass: OPEN, the rest of the open period; ISOLATED, inf."""
-        cdef int64_t w = fb_load_acq(&self.st.word)
-        cdef int64_t since = fb_load_rlx(&self.st.since_ns), left
-        cdef int st = w & ST_MASK
-        if st == S_ISOLATED:
-            return INFINITY
-        if st != S_OPEN:
-            return 0.0
-        left = since + open_period(self.st.cfg, w_level(w)) - self._now()
-        return (left if left > 0 else 0) / 1e9
+        return retry_after_of(self, fb_load_acq(&self.st.word))
 
     def metrics(self):
         """An immutable snapshot of the counters."""
@@ -751,11 +742,34 @@ cdef object fire(CircuitBreaker self, int trans):
     config = <Config>self.st.cfg.owner
     _calls.fire(self, tuple(config.listeners), config.hook, _STATES[old], _STATES[new])
 
+cdef inline int64_t now_of(CircuitBreaker self) except? -1:
+    cdef object clock
+    if self.st.cfg.use_c_clock:
+        return fb_monotonic_ns()
+    clock = (<Config>self.st.cfg.owner).options.clock
+    return clock()
+
+cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
+    cdef int64_t since = fb_load_rlx(&self.st.since_ns), left
+    cdef int st = w & ST_MASK
+    if st == S_ISOLATED:
+        return INFINITY
+    if st != S_OPEN:
+        return 0.0
+    left = since + open_period(self.st.cfg, w_level(w)) - now_of(self)
+    return (left if left > 0 else 0) / 1e9
+
+cdef object open_error(CircuitBreaker self):
+    cdef int64_t w = fb_load_acq(&self.st.word)
+    label = self._label
+    return CircuitOpenError(None if label is None else str(label), _STATES[w & ST_MASK],
+                            retry_after_of(self, w))
+
 cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
     cdef int trans = 0
     cdef int64_t permit = acquire(&self.st, -1, &trans)
     if permit == FB_NEED_CLOCK_:
-        permit = acquire(&self.st, self._now(), &trans)
+        permit = acquire(&self.st, now_of(self), &trans)
     if trans:
         fire(self, trans)
     return permit
@@ -764,9 +778,9 @@ cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
     cdef int trans = 0
     cdef int r = release(&self.st, permit, outcome, -1, &trans)
     if r == FB_NEED_CLOCK_:
-        r = release(&self.st, permit, outcome, self._now(), &trans)
+        r = release(&self.st, permit, outcome, now_of(self), &trans)
     if r == NEED_TRIP:
-        r = trip_auto(&self.st, permit, self._now(), &trans)
+        r = trip_auto(&self.st, permit, now_of(self), &trans)
     if trans:
         fire(self, trans)
 

@@ -28,18 +28,19 @@ class CircuitOpenError(BreakerError):
     """
 
     def __init__(self, name: str | None, state: State, retry_after: float) -> None:
+        # Rejection is a hot path: the message is built only when shown.
+        super().__init__(name, state, retry_after)
         self.name = name
         self.state = state
         self.retry_after = retry_after
-        label = f"circuit {name!r}" if name is not None else "circuit"
-        if math.isinf(retry_after):
+
+    def __str__(self) -> str:
+        label = f"circuit {self.name!r}" if self.name is not None else "circuit"
+        if math.isinf(self.retry_after):
             detail = "isolated until reset()"
         else:
-            detail = f"retry after {retry_after:.3f}s"
-        super().__init__(f"{label} is {state.name}: {detail}")
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (type(self), (self.name, self.state, self.retry_after))
+            detail = f"retry after {self.retry_after:.3f}s"
+        return f"{label} is {self.state.name}: {detail}"
 
 
 class DeadlineExceeded(BreakerError, TimeoutError):
