@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import TYPE_CHECKING
 
 __all__ = ["BreakerError", "CircuitOpenError", "DeadlineExceeded", "State"]
 
@@ -27,12 +28,28 @@ class CircuitOpenError(BreakerError):
     ``retry_after`` is the number of seconds until a probe may pass (``math.inf`` when ISOLATED).
     """
 
-    def __init__(self, name: str | None, state: State, retry_after: float) -> None:
-        # Rejection is a hot path: the message is built only when shown.
-        super().__init__(name, state, retry_after)
-        self.name = name
-        self.state = state
-        self.retry_after = retry_after
+    # Rejection is a hot path: no Python-level __init__ (the arguments are kept in ``args`` by
+    # BaseException in C) and the message is built only when shown.
+    args: tuple[str | None, State, float]
+
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str | None, state: State, retry_after: float) -> None: ...
+
+    @property
+    def name(self) -> str | None:
+        """The breaker's name."""
+        return self.args[0]
+
+    @property
+    def state(self) -> State:
+        """The state that rejected the call: OPEN, HALF_OPEN (no probe left) or ISOLATED."""
+        return self.args[1]
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until a probe may pass (``math.inf`` when ISOLATED)."""
+        return self.args[2]
 
     def __str__(self) -> str:
         label = f"circuit {self.name!r}" if self.name is not None else "circuit"
