@@ -121,7 +121,10 @@ class Origin(NamedTuple):
 
     @classmethod
     def of(cls, url: Union[httpx.URL, str]) -> "Origin":
-        """The origin of a URL: ``Origin.of("https://a.example/x") == ("https", "a.example", 443)``."""
+        """The origin of a URL (default ports made explicit).
+
+        ``Origin.of("https://a.example/x") == ("https", "a.example", 443)``
+        """
         url = httpx.URL(url)
         return cls(url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme))
 
@@ -135,12 +138,25 @@ def origin(request: httpx.Request) -> Origin:
     return Origin.of(request.url)
 
 
-class CircuitOpenTransportError(CircuitOpenError, httpx.TransportError):
+class _TransportErrorBase(Exception):
+    """Ends the ``__init__`` chain of ``CircuitOpenTransportError`` before httpx's classes.
+
+    ``CircuitOpenError.__init__`` passes its arguments up the MRO, where httpx's
+    ``RequestError(message, *, request)`` would not accept them; this class takes them as the
+    exception's ``args`` and sets what ``httpx.HTTPError`` expects.
+    """
+
+    def __init__(self, *args: object) -> None:
+        Exception.__init__(self, *args)
+        self._request: Optional[httpx.Request] = None
+
+
+class CircuitOpenTransportError(CircuitOpenError, _TransportErrorBase, httpx.TransportError):
     """A request rejected by its breaker: nothing was sent.
 
     A ``fastbreaker.CircuitOpenError`` (``name``, ``state``, ``retry_after``) that is also an
     ``httpx.TransportError``, so that code catching ``httpx.HTTPError`` keeps working; ``request``
-    is the rejected request and ``key`` the breaker's key (``None`` after unpickling).
+    is the rejected request and ``key`` the breaker's key.
     """
 
     def __init__(self, name: Optional[str], state: State, retry_after: float) -> None:
@@ -196,7 +212,9 @@ class Retry:
         if not all(
             isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in statuses
         ):
-            raise TypeError(f"statuses must be a collection of ints in [100, 599], got {statuses!r}")
+            raise TypeError(
+                f"statuses must be a collection of ints in [100, 599], got {statuses!r}"
+            )
         self._statuses = frozenset(statuses)
         self._max_retry_after_ns = seconds_to_ns(max_retry_after, "max_retry_after")
         self._max_retry_after = self._max_retry_after_ns / 1e9
@@ -471,19 +489,21 @@ class _AsyncReportingStream(httpx.AsyncByteStream):
 class BreakerTransport(httpx.BaseTransport):
     """An httpx transport that sends each request through the breaker of its key.
 
-    ``transport``: the transport to wrap (default: a new ``httpx.HTTPTransport()``; pass your own to
-    configure TLS, HTTP/2, limits or proxies, which an ``httpx.Client`` applies only to the
-    transport it creates itself). ``breakers``: a ``fastbreaker.BreakerMap`` holding one breaker
-    per key (default: ``BreakerMap(max_keys=10_000)``: 5 consecutive failures open a host for
-    30 s), or a single ``CircuitBreaker`` shared by every request. ``key(request)``: the breaker
-    key (default: ``origin``, the request's ``(scheme, host, port)``). ``is_failure(outcome)``:
-    the classification (default: ``default_is_failure``). ``retry``: a ``Retry`` policy, or
+    ``transport``: the transport to wrap, by default a new ``httpx.HTTPTransport()``. Pass
+    your own to configure TLS, HTTP/2, limits or proxies: an ``httpx.Client`` applies its own
+    settings only to the transport it creates itself.
+
+    ``breakers``: a ``fastbreaker.BreakerMap`` holding one breaker per key (by default
+    ``BreakerMap(max_keys=10_000)``: 5 consecutive failures open a host for 30 s), or a single
+    ``CircuitBreaker`` shared by every request. ``key(request)``: the breaker key, by default
+    ``origin`` (the request's scheme, host and port). ``is_failure(outcome)``: the
+    classification, by default ``default_is_failure``. ``retry``: a ``Retry`` policy, or
     ``None`` for no retries. A rejected request raises ``CircuitOpenTransportError``.
 
     A current ``fastbreaker.deadline()`` (or ``Retry(deadline=...)``) bounds every request:
     httpx's timeouts are cut to the time left, and a request whose deadline has passed raises
-    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). Safe to share
-    between threads: all per-request state is local to the request.
+    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). Safe to
+    share between threads: all per-request state is local to the request.
     """
 
     def __init__(
@@ -559,19 +579,21 @@ class BreakerTransport(httpx.BaseTransport):
 class AsyncBreakerTransport(httpx.AsyncBaseTransport):
     """The async twin of ``BreakerTransport`` (asyncio or trio, through anyio).
 
-    ``transport``: the transport to wrap (default: a new ``httpx.AsyncHTTPTransport()``; pass your own to
-    configure TLS, HTTP/2, limits or proxies, which an ``httpx.AsyncClient`` applies only to the
-    transport it creates itself). ``breakers``: a ``fastbreaker.BreakerMap`` holding one breaker
-    per key (default: ``BreakerMap(max_keys=10_000)``: 5 consecutive failures open a host for
-    30 s), or a single ``CircuitBreaker`` shared by every request. ``key(request)``: the breaker
-    key (default: ``origin``, the request's ``(scheme, host, port)``). ``is_failure(outcome)``:
-    the classification (default: ``default_is_failure``). ``retry``: a ``Retry`` policy, or
+    ``transport``: the transport to wrap, by default a new ``httpx.AsyncHTTPTransport()``. Pass
+    your own to configure TLS, HTTP/2, limits or proxies: an ``httpx.AsyncClient`` applies its own
+    settings only to the transport it creates itself.
+
+    ``breakers``: a ``fastbreaker.BreakerMap`` holding one breaker per key (by default
+    ``BreakerMap(max_keys=10_000)``: 5 consecutive failures open a host for 30 s), or a single
+    ``CircuitBreaker`` shared by every request. ``key(request)``: the breaker key, by default
+    ``origin`` (the request's scheme, host and port). ``is_failure(outcome)``: the
+    classification, by default ``default_is_failure``. ``retry``: a ``Retry`` policy, or
     ``None`` for no retries. A rejected request raises ``CircuitOpenTransportError``.
 
     A current ``fastbreaker.deadline()`` (or ``Retry(deadline=...)``) bounds every request:
     httpx's timeouts are cut to the time left, and a request whose deadline has passed raises
-    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). Safe to share
-    between tasks: all per-request state is local to the request.
+    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). Safe to
+    share between tasks: all per-request state is local to the request.
     """
 
     def __init__(
