@@ -1,0 +1,308 @@
+"""Prometheus metrics for breakers, breaker maps and retry budgets, read at scrape time.
+
+``BreakerCollector`` is a ``prometheus_client`` custom collector: it keeps references to the
+objects it was given and reads their ``metrics()`` snapshots only when Prometheus scrapes, so it
+costs nothing on the call path (no callback, no counter of its own, nothing wrapped)::
+
+    from prometheus_client import REGISTRY
+    from fastbreaker.contrib.prometheus import BreakerCollector
+
+    collector = BreakerCollector(max_key_series=100)
+    collector.add_breaker(payments)                     # name="payments" (the breaker's name)
+    collector.add_map(transport.breakers, "http")       # map="http"
+    collector.add_budget(transport.retry.budget, "http")
+    REGISTRY.register(collector)
+
+Series (``_total`` ones are counters, cumulative since each object was created):
+
+=============================================  ===============================================
+``fastbreaker_breaker_state{name,state}``      1 for the current state, 0 for the other three
+``fastbreaker_breaker_<c>_total{name}``        ``c`` in permitted, rejected, successes,
+                                               failures, slow_calls, ignored, stale, trips
+``fastbreaker_breaker_consecutive_failures``   gauge, ``{name}``
+``fastbreaker_breaker_failure_rate{name}``     gauge, window mode only
+``fastbreaker_map_keys{map}``                  breakers held
+``fastbreaker_map_open_keys{map,state}``       held breakers OPEN, HALF_OPEN, ISOLATED
+``fastbreaker_map_evicted_total{map}``         breakers dropped to respect ``max_keys``
+``fastbreaker_map_suppressed_trips_total``     trips refused by ``max_open_ratio``, ``{map}``
+``fastbreaker_map_untracked_total{map}``       new keys the full map could not hold
+``fastbreaker_map_<c>_total{map}``             totals over every key, same ``c`` as above
+``fastbreaker_map_key_state{map,key,state}``   1 per non-CLOSED key (at most ``max_key_series``)
+``fastbreaker_map_key_series_omitted{map}``    non-CLOSED keys beyond ``max_key_series``
+``fastbreaker_retry_budget_tokens{name}``      tokens available now
+``fastbreaker_retry_budget_capacity{name}``    the most tokens the bucket holds
+=============================================  ===============================================
+
+Label cardinality stays bounded for maps of any size: a map exports a fixed number of aggregate
+series, plus one ``fastbreaker_map_key_state`` series per key that is not CLOSED, and at most
+``max_key_series`` of those (the first ones in ``str(key)`` order, so the choice is stable from
+one scrape to the next; ``fastbreaker_map_key_series_omitted`` counts the rest). CLOSED keys, the
+normal state of almost every key, never get a series of their own; a key's series disappears
+when it closes. A ``BreakerMap`` whose ``max_open_ratio`` is below 1 bounds the number of OPEN
+keys as well.
+
+The collector holds strong references (the compiled breakers and budgets are too small to
+support weak references): call ``remove(obj)`` when an object is retired. Register one collector
+per registry and add everything to it: two collectors would export the same metric names.
+
+This module imports prometheus_client; ``import fastbreaker`` does not import this module.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Optional, TypeVar, Union
+
+try:
+    from prometheus_client.metrics_core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        Metric,
+    )
+except ImportError as exc:  # pragma: no cover - tested in a subprocess
+    raise ImportError(
+        "fastbreaker.contrib.prometheus needs prometheus_client, which is not installed: "
+        "pip install 'fastbreaker[prometheus]'"
+    ) from exc
+
+from .._errors import State
+
+__all__ = ["BreakerCollector"]
+
+T = TypeVar("T")
+_Family = Union[GaugeMetricFamily, CounterMetricFamily]
+
+PREFIX = "fastbreaker"
+
+_STATES = tuple(State)
+_STATE_LABEL = {s: s.name.lower() for s in State}
+
+# (Metrics field, metric name part, help text) of the cumulative call counters.
+_COUNTERS = (
+    ("permitted", "permitted", "Calls admitted"),
+    ("rejected", "rejected", "Calls rejected without being made"),
+    ("successes", "successes", "Calls that succeeded (slow ones included)"),
+    ("failures", "failures", "Calls that failed"),
+    ("slow_calls", "slow_calls", "Successful calls slower than slow_call_duration"),
+    ("ignored", "ignored", "Calls with a neutral outcome (ignored or cancelled)"),
+    ("stale", "stale", "Outcomes that arrived after a later state change"),
+    ("opened", "trips", "Transitions into OPEN"),
+)
+
+
+class BreakerCollector:
+    """A Prometheus collector for fastbreaker objects; see the module docstring for the series.
+
+    ``breakers``: circuit breakers, as an iterable (each labelled with its ``name``, which must
+    be set) or a mapping ``{name: breaker}``. ``maps``: ``{map_label: BreakerMap}``.
+    ``budgets``: ``{name: RetryBudget}``. ``max_key_series``: the most per-key series each map
+    exports (0 for aggregates only). More can be added later with ``add_breaker``, ``add_map``
+    and ``add_budget``. Register it with ``registry.register(collector)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        breakers: Optional[Iterable[Any] | Mapping[str, Any]] = None,
+        maps: Optional[Mapping[str, Any]] = None,
+        budgets: Optional[Mapping[str, Any]] = None,
+        max_key_series: int = 100,
+    ) -> None:
+        if isinstance(max_key_series, bool) or not isinstance(max_key_series, int):
+            raise TypeError(f"max_key_series must be an int >= 0, got {max_key_series!r}")
+        if max_key_series < 0:
+            raise ValueError(f"max_key_series must be >= 0, got {max_key_series!r}")
+        self._max_key_series = max_key_series
+        self._lock = threading.Lock()
+        self._breakers: dict[str, Any] = {}
+        self._maps: dict[str, Any] = {}
+        self._budgets: dict[str, Any] = {}
+        if isinstance(breakers, Mapping):
+            for name, breaker in breakers.items():
+                self.add_breaker(breaker, name)
+        else:
+            for breaker in breakers or ():
+                self.add_breaker(breaker)
+        for name, m in (maps or {}).items():
+            self.add_map(m, name)
+        for name, budget in (budgets or {}).items():
+            self.add_budget(budget, name)
+
+    # -- what is exported --------------------------------------------------------------------
+    def add_breaker(self, breaker: T, name: Optional[str] = None) -> T:
+        """Export ``breaker`` with label ``name`` (default: the breaker's own name); returns it."""
+        if not (callable(getattr(breaker, "metrics", None)) and hasattr(breaker, "state")):
+            raise TypeError(f"breaker must be a fastbreaker.CircuitBreaker, got {breaker!r}")
+        if name is None:
+            name = getattr(breaker, "name", None)
+            if name is None:
+                raise ValueError("this breaker has no name: pass name=... to add_breaker()")
+        self._add(self._breakers, name, breaker)
+        return breaker
+
+    def add_map(self, breakers: T, name: str) -> T:
+        """Export a ``BreakerMap`` with label ``map=name``; returns it."""
+        if not (
+            callable(getattr(breakers, "metrics", None))
+            and callable(getattr(breakers, "open_keys", None))
+        ):
+            raise TypeError(f"breakers must be a fastbreaker.BreakerMap, got {breakers!r}")
+        self._add(self._maps, name, breakers)
+        return breakers
+
+    def add_budget(self, budget: T, name: str) -> T:
+        """Export a ``RetryBudget`` with label ``name``; returns it."""
+        if not (hasattr(budget, "tokens") and hasattr(budget, "capacity")):
+            raise TypeError(f"budget must be a fastbreaker.RetryBudget, got {budget!r}")
+        self._add(self._budgets, name, budget)
+        return budget
+
+    def remove(self, obj: object) -> None:
+        """Stop exporting ``obj`` (a breaker, map or budget added before) and drop the reference."""
+        with self._lock:
+            for held in (self._breakers, self._maps, self._budgets):
+                for name, value in list(held.items()):
+                    if value is obj:
+                        del held[name]
+                        return
+        raise ValueError(f"{obj!r} is not exported by this collector")
+
+    def _add(self, held: dict[str, Any], name: str, obj: object) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        with self._lock:
+            if name in held and held[name] is not obj:
+                raise ValueError(f"name {name!r} is already used by {held[name]!r}")
+            held[name] = obj
+
+    # -- the prometheus_client collector protocol ----------------------------------------------
+    def describe(self) -> list[Metric]:
+        """Every metric family this collector can export (no samples): the registry uses the
+        names to refuse a second collector that would export the same ones."""
+        families: list[Metric] = list(self._families().values())
+        return families
+
+    def collect(self) -> Iterator[Metric]:
+        """Read every object's metrics now and yield the families that have samples."""
+        with self._lock:
+            breakers = list(self._breakers.items())
+            maps = list(self._maps.items())
+            budgets = list(self._budgets.items())
+        f = self._families()
+        for name, breaker in breakers:
+            self._collect_breaker(f, name, breaker.metrics())
+        for name, m in maps:
+            self._collect_map(f, name, m)
+        for name, budget in budgets:
+            f["budget_tokens"].add_metric([name], float(budget.tokens))
+            f["budget_capacity"].add_metric([name], float(budget.capacity))
+        for family in f.values():
+            if family.samples:
+                yield family
+
+    @staticmethod
+    def _families() -> dict[str, _Family]:
+        p = PREFIX
+        f: dict[str, _Family] = {
+            "breaker_state": GaugeMetricFamily(
+                f"{p}_breaker_state", "1 for the breaker's current state, 0 for the others",
+                labels=["name", "state"],
+            ),
+        }
+        for field, part, doc in _COUNTERS:
+            f[f"breaker_{field}"] = CounterMetricFamily(
+                f"{p}_breaker_{part}", doc, labels=["name"]
+            )
+        f["breaker_consecutive"] = GaugeMetricFamily(
+            f"{p}_breaker_consecutive_failures", "Consecutive failures while CLOSED",
+            labels=["name"],
+        )
+        f["breaker_failure_rate"] = GaugeMetricFamily(
+            f"{p}_breaker_failure_rate", "Failed share of the window (window mode only)",
+            labels=["name"],
+        )
+        f["map_keys"] = GaugeMetricFamily(
+            f"{p}_map_keys", "Breakers held by the map", labels=["map"]
+        )
+        f["map_open_keys"] = GaugeMetricFamily(
+            f"{p}_map_open_keys", "Held breakers that are OPEN, HALF_OPEN or ISOLATED",
+            labels=["map", "state"],
+        )
+        f["map_evicted"] = CounterMetricFamily(
+            f"{p}_map_evicted", "Breakers dropped to respect max_keys", labels=["map"]
+        )
+        f["map_suppressed"] = CounterMetricFamily(
+            f"{p}_map_suppressed_trips", "Trips refused by max_open_ratio", labels=["map"]
+        )
+        f["map_untracked"] = CounterMetricFamily(
+            f"{p}_map_untracked", "New keys given a breaker the full map could not hold",
+            labels=["map"],
+        )
+        for field, part, doc in _COUNTERS:
+            f[f"map_{field}"] = CounterMetricFamily(
+                f"{p}_map_{part}", f"{doc}, over every key of the map", labels=["map"]
+            )
+        f["map_key_state"] = GaugeMetricFamily(
+            f"{p}_map_key_state",
+            "1 for each key that is not CLOSED, labelled with its state (bounded)",
+            labels=["map", "key", "state"],
+        )
+        f["map_key_omitted"] = GaugeMetricFamily(
+            f"{p}_map_key_series_omitted",
+            "Keys not CLOSED that got no key_state series (beyond max_key_series)",
+            labels=["map"],
+        )
+        f["budget_tokens"] = GaugeMetricFamily(
+            f"{p}_retry_budget_tokens", "Retry tokens available now", labels=["name"]
+        )
+        f["budget_capacity"] = GaugeMetricFamily(
+            f"{p}_retry_budget_capacity", "The most tokens the budget holds", labels=["name"]
+        )
+        return f
+
+    @staticmethod
+    def _collect_breaker(f: dict[str, _Family], name: str, m: Any) -> None:
+        for state in _STATES:
+            value = 1.0 if m.state == state else 0.0
+            f["breaker_state"].add_metric([name, _STATE_LABEL[state]], value)
+        for field, _, _ in _COUNTERS:
+            f[f"breaker_{field}"].add_metric([name], getattr(m, field))
+        f["breaker_consecutive"].add_metric([name], m.consecutive_failures)
+        if m.failure_rate is not None:
+            f["breaker_failure_rate"].add_metric([name], m.failure_rate)
+
+    def _collect_map(self, f: dict[str, _Family], name: str, breakers: Any) -> None:
+        m = breakers.metrics()
+        f["map_keys"].add_metric([name], m.keys)
+        counts = (("open", m.open), ("half_open", m.half_open), ("isolated", m.isolated))
+        for label, count in counts:
+            f["map_open_keys"].add_metric([name, label], count)
+        f["map_evicted"].add_metric([name], m.evicted)
+        f["map_suppressed"].add_metric([name], m.suppressed_trips)
+        f["map_untracked"].add_metric([name], getattr(m, "untracked", 0))
+        for field, _, _ in _COUNTERS:
+            f[f"map_{field}"].add_metric([name], getattr(m, field))
+        # One series per key that is not CLOSED, at most max_key_series of them: the first in
+        # str(key) order, so that the same keys are chosen from one scrape to the next.
+        not_closed: list[tuple[str, State]] = []
+        for key in breakers.open_keys():
+            breaker = breakers.get(key)
+            state = State(breaker.state) if breaker is not None else State.CLOSED
+            if state != State.CLOSED:  # it may have closed since open_keys() looked
+                not_closed.append((str(key), state))
+        not_closed.sort()
+        # Keys with equal str() (1 and "1") would give duplicate series: the first one wins.
+        not_closed = [
+            kv for i, kv in enumerate(not_closed) if i == 0 or kv[0] != not_closed[i - 1][0]
+        ]
+        shown = not_closed[: self._max_key_series]
+        for label, state in shown:
+            f["map_key_state"].add_metric([name, label, _STATE_LABEL[state]], 1.0)
+        f["map_key_omitted"].add_metric([name], len(not_closed) - len(shown))
+
+    def __repr__(self) -> str:
+        return (
+            f"<BreakerCollector breakers={len(self._breakers)} maps={len(self._maps)} "
+            f"budgets={len(self._budgets)} max_key_series={self._max_key_series}>"
+        )
