@@ -634,19 +634,37 @@ cdef class CircuitBreaker:
     def __call__(self, fn):
         return _calls.decorate(self, fn)
 
+    # The permit of each `with` block lives on a per-context stack (see _calls): the same as
+    # _calls.enter/exit, inlined here because `with breaker:` is a common hot path.
     def __enter__(self):
-        _calls.enter(self)
+        cdef int64_t permit = acquire_or_reject(self)
+        if permit < 0:
+            raise open_error(self)
+        _active_set((self, permit, now_of(self) if self.st.cfg.slow_ns else 0, _active_get()))
         return self
 
     def __exit__(self, et, exc, tb):
-        _calls.exit(self, exc)
+        cdef int64_t permit, start
+        cdef int outcome
+        node = _active_get()
+        if node is not None and node[0] is self:
+            _active_set(node[3])
+            permit, start = node[1], node[2]
+        else:
+            permit, start = _calls.pop_entry(self)
+        if exc is not None:
+            outcome = (<Config>self.st.cfg.owner).options.classify(exc)
+        elif self.st.cfg.slow_ns and now_of(self) - start >= self.st.cfg.slow_ns:
+            outcome = FB_SLOW
+        else:
+            outcome = FB_SUCCESS
+        finish(self, permit, outcome)
 
     async def __aenter__(self):
-        _calls.enter(self)
-        return self
+        return self.__enter__()
 
     async def __aexit__(self, et, exc, tb):
-        _calls.exit(self, exc)
+        self.__exit__(et, exc, tb)
 
     # -- manual control --------------------------------------------------------------------------
     def trip(self):
@@ -787,3 +805,5 @@ cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
 
 import threading
 _listener_lock = threading.Lock()
+_active_get = _calls._active.get
+_active_set = _calls._active.set

@@ -104,8 +104,8 @@ def enter(breaker: Any) -> None:
     _active.set((breaker, permit, _start(breaker), _active.get()))
 
 
-def exit(breaker: Any, exc: Optional[BaseException]) -> None:
-    # Pop this breaker's innermost entry (normally the top of the stack).
+def pop_entry(breaker: Any) -> tuple[int, int]:
+    """Remove ``breaker``'s innermost entry from this context's stack: (permit, start_ns)."""
     node = _active.get()
     kept = []
     while node is not None and node[0] is not breaker:
@@ -117,6 +117,11 @@ def exit(breaker: Any, exc: Optional[BaseException]) -> None:
     for b, p, s in reversed(kept):
         rest = (b, p, s, rest)
     _active.set(rest)
+    return permit, start
+
+
+def exit(breaker: Any, exc: Optional[BaseException]) -> None:
+    permit, start = pop_entry(breaker)
     if exc is None:
         breaker._finish(permit, _timed_outcome(breaker, start))
     else:
