@@ -600,39 +600,19 @@ cdef class CircuitBreaker:
     @cython.binding(False)
     def call(self, fn, *args, **kwargs):
         """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
-        cdef int64_t permit, start = 0
-        cdef config_t *c
-        cdef int trans = 0
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        permit = acquire(&self.st, -1, &trans)
-        if permit < 0 or trans:
-            if permit == FB_NEED_CLOCK_:
-                permit = acquire(&self.st, now_of(self), &trans)
-            if trans:
-                fire(self, trans)
-            if permit < 0:
-                raise open_error(self)
-        c = self.st.cfg
-        if c.slow_ns:
-            start = now_of(self)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            finish(self, permit, (<Config>c.owner).options.classify(exc))
-            raise
-        if c.slow_ns and now_of(self) - start >= c.slow_ns:
-            finish(self, permit, FB_SLOW)
-        else:
-            finish(self, permit, FB_SUCCESS)
-        return result
+        return guarded_call(self, fn, args, kwargs)
 
     def call_async(self, fn, *args, **kwargs):
         """Await ``fn(*args, **kwargs)`` through the breaker."""
         return _calls.call_async(self, fn, args, kwargs)
 
     def __call__(self, fn):
-        return _calls.decorate(self, fn)
+        """``@breaker``: guard a sync or async function (its signature is kept)."""
+        if not callable(fn) or _iscoroutinefunction(fn):
+            return _calls.decorate(self, fn)
+        return guard(self, fn)
 
     # The permit of each `with` block lives on a per-context stack (see _calls): the same as
     # _calls.enter/exit, inlined here because `with breaker:` is a common hot path.
@@ -783,6 +763,40 @@ cdef object open_error(CircuitBreaker self):
     return CircuitOpenError(None if label is None else str(label), _STATES[w & ST_MASK],
                             retry_after_of(self, w))
 
+cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
+    cdef int64_t permit, start = 0
+    cdef config_t *c
+    cdef int trans = 0
+    permit = acquire(&self.st, -1, &trans)
+    if permit < 0 or trans:
+        if permit == FB_NEED_CLOCK_:
+            permit = acquire(&self.st, now_of(self), &trans)
+        if trans:
+            fire(self, trans)
+        if permit < 0:
+            raise open_error(self)
+    c = self.st.cfg
+    if c.slow_ns:
+        start = now_of(self)
+    try:
+        result = fn(*args, **kwargs) if kwargs else fn(*args)
+    except BaseException as exc:
+        finish(self, permit, (<Config>c.owner).options.classify(exc))
+        raise
+    if c.slow_ns and now_of(self) - start >= c.slow_ns:
+        finish(self, permit, FB_SLOW)
+    else:
+        finish(self, permit, FB_SUCCESS)
+    return result
+
+
+cdef object guard(CircuitBreaker breaker, fn):
+    """The compiled wrapper behind ``@breaker`` on a sync function."""
+    def guarded(*args, **kwargs):
+        return guarded_call(breaker, fn, args, kwargs)
+    return _update_wrapper(guarded, fn)
+
+
 cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
     cdef int trans = 0
     cdef int64_t permit = acquire(&self.st, -1, &trans)
@@ -805,5 +819,7 @@ cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
 
 import threading
 _listener_lock = threading.Lock()
+from functools import update_wrapper as _update_wrapper
+from inspect import iscoroutinefunction as _iscoroutinefunction
 _active_get = _calls._active.get
 _active_set = _calls._active.set
