@@ -307,6 +307,18 @@ def test_decorator_forms_keep_metadata() -> None:
     assert plain.__name__ == "plain" and plain.__doc__ == "Docs." and plain.__wrapped__ is not None
 
 
+def test_decorator_goes_through_a_subclass_call() -> None:
+    seen = []
+
+    class Counting(pybreaker.CircuitBreaker):
+        def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(args)
+            return super().call(func, *args, **kwargs)
+
+    assert Counting()(work)("x") == "ok:x"
+    assert seen == [("x",)]
+
+
 def test_tornado_paths_are_refused_clearly() -> None:
     b = pybreaker.CircuitBreaker()
     with pytest.raises(NotImplementedError, match="Tornado"):

@@ -145,7 +145,9 @@ class CircuitBreaker:
         self._last_failure: Optional[BaseException] = None
         self._failure_threshold = failure_threshold or self.FAILURE_THRESHOLD
         self._recovery_timeout = recovery_timeout or self.RECOVERY_TIMEOUT
-        recovery_ns = seconds_to_ns(self._recovery_timeout, "recovery_timeout")
+        seconds_to_ns(self._recovery_timeout, "recovery_timeout")  # validates
+        recovery = self._recovery_timeout
+        self._recovery_s = recovery.total_seconds() if isinstance(recovery, timedelta) else recovery
         if not expected_exception:
             expected_exception = self._class_expected_exception()
         self.is_failure = build_failure_predicate(expected_exception)
@@ -164,7 +166,7 @@ class CircuitBreaker:
 
         self._core = type(self)._core_breaker_cls(
             self._failure_threshold,
-            recovery_ns / 1e9,
+            self._recovery_s,
             half_open_max_calls=1,
             name=name if isinstance(name, str) else None,
             clock=_clock_ns,
@@ -312,8 +314,10 @@ class CircuitBreaker:
     def _admit(self) -> int:
         """A permit for one call, or -1 when the circuit refuses it."""
         core = self._core
-        if core.state is _OPEN and core.retry_after > 0.0:
-            return -1  # refused without building the core's error
+        if core.state is _OPEN and self._opened + self._recovery_s > monotonic():
+            # Refused without asking the core (which would build an error). This deadline is
+            # circuitbreaker's arithmetic; it only refuses, the core decides what it lets through.
+            return -1
         try:
             return int(core._permit_or_raise())
         except CircuitOpenError:
@@ -435,7 +439,7 @@ class CircuitBreaker:
     @property
     def open_remaining(self) -> int:
         """Whole seconds the circuit stays open: rounded up while positive, down once past."""
-        remain = (self._opened + self._recovery_timeout) - monotonic()
+        remain = (self._opened + self._recovery_s) - monotonic()
         return ceil(remain) if remain > 0 else floor(remain)
 
     @property
