@@ -24,11 +24,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
 import pytest
 
 from fastbreaker import State, _retry
-from fastbreaker.contrib.httpx import (
+from fastbreaker.testing import instant_retries
+
+httpx = pytest.importorskip("httpx")  # the optional extra: pip install 'fastbreaker[httpx]'
+
+from fastbreaker.contrib.httpx import (  # noqa: E402
     AsyncBreakerTransport,
     BreakerTransport,
     CircuitOpenTransportError,
@@ -37,7 +40,6 @@ from fastbreaker.contrib.httpx import (
     default_is_failure,
     origin,
 )
-from fastbreaker.testing import instant_retries
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 

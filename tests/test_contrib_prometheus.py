@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.parser import text_string_to_metric_families
 
-from fastbreaker.contrib.prometheus import BreakerCollector
+pytest.importorskip("prometheus_client")  # the optional extra: fastbreaker[prometheus]
+
+from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from fastbreaker.contrib.prometheus import BreakerCollector  # noqa: E402
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
