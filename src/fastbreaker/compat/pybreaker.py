@@ -584,7 +584,9 @@ class CircuitBreaker:
         """
         core = self._core
         if core.state is _CLOSED and not self._listeners:
-            # The hot path: a permit and an outcome, both lock-free in the core.
+            # The hot path: a permit and an outcome, both lock-free in the core. Should the
+            # state change between the check and the permit, the core still records the outcome
+            # exactly; only this module's trial counters could miss one trial.
             try:
                 permit = core._permit_or_raise()
             except CircuitOpenError:
