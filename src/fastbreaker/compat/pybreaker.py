@@ -586,7 +586,7 @@ class CircuitBreaker:
         if core.state is _CLOSED and not self._listeners:
             # The hot path: a permit and an outcome, both lock-free in the core. Should the
             # state change between the check and the permit, the core still records the outcome
-            # exactly; only this module's trial counters could miss one trial.
+            # exactly; only success_counter could lag until the next transition.
             try:
                 permit = core._permit_or_raise()
             except CircuitOpenError:
