@@ -766,6 +766,7 @@ cdef object open_error(CircuitBreaker self):
 cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
     cdef int64_t permit, start = 0
     cdef config_t *c
+    cdef Config config
     cdef int trans = 0
     permit = acquire(&self.st, -1, &trans)
     if permit < 0 or trans:
@@ -775,13 +776,15 @@ cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
             fire(self, trans)
         if permit < 0:
             raise open_error(self)
-    c = self.st.cfg
+    # Hold the config for the whole call: a BreakerMap may swap it while fn runs.
+    config = <Config>self.st.cfg.owner
+    c = &config.c
     if c.slow_ns:
         start = now_of(self)
     try:
         result = fn(*args, **kwargs) if kwargs else fn(*args)
     except BaseException as exc:
-        finish(self, permit, (<Config>c.owner).options.classify(exc))
+        finish(self, permit, config.options.classify(exc))
         raise
     if c.slow_ns and now_of(self) - start >= c.slow_ns:
         finish(self, permit, FB_SLOW)
