@@ -34,4 +34,4 @@ def map_class(core: types.ModuleType) -> type:
 if platform.python_implementation() == "CPython" and not os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
     from ._map_c import BreakerMap
 else:
-    from ._map_py import BreakerMap  # type: ignore[assignment]
+    from ._map_py import BreakerMap

@@ -102,7 +102,11 @@ cdef class BreakerMap:
 
     def call(self, key, fn, /, *args, **kwargs):
         """Call ``fn(*args, **kwargs)`` through ``key``'s breaker (CircuitOpenError if rejected)."""
-        return lookup(self, key).call(fn, *args, **kwargs)
+        breaker = lookup(self, key)
+        # Forwarding *args and **kwargs costs a tuple and a dict copy: spare the common cases.
+        if not kwargs:
+            return breaker.call(fn) if not args else breaker.call(fn, *args)
+        return breaker.call(fn, *args, **kwargs)
 
     def call_async(self, key, fn, /, *args, **kwargs):
         """Await ``fn(*args, **kwargs)`` through ``key``'s breaker."""

@@ -363,7 +363,7 @@ class BreakerMap:
             breaker = self._d.get(key)
         except TypeError:  # unhashable: _new raises the error that names the parameter
             breaker = None
-        return _new(self, key) if breaker is None else breaker  # type: ignore[no-any-return]
+        return _new(self, key) if breaker is None else breaker
 
     def allow(self, key: Hashable) -> bool:
         """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
