@@ -276,3 +276,12 @@ def hammer_budget(RetryBudget budget, int64_t iters, int64_t now0, int64_t step)
             taken += fb_budget_try_take(b, now)
             fb_budget_deposit(b)
     return taken, 2 * iters, iters
+
+
+def plain_increments(int64_t[::1] counter, int64_t n):
+    """A deliberate data race (plain, non-atomic read-modify-write from every calling thread):
+    the ThreadSanitizer run (.ci/tsan.sh) checks that TSan reports it, i.e. that it is live."""
+    cdef int64_t i
+    with nogil:
+        for i in range(n):
+            counter[0] += 1
