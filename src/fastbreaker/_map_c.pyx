@@ -146,6 +146,12 @@ cdef class BreakerMap:
     def __repr__(self):
         return _py._repr(self)
 
+    def _closed_items(self):
+        """``(key, breaker)`` for the held breakers whose stored state is CLOSED, oldest first."""
+        for key, breaker in self._d.items():
+            if fb_breaker_state(fb_breaker_handle(breaker)) == 0:
+                yield key, breaker
+
     def _detach(self, breaker, shared, detached):
         """Give ``breaker`` a group-less config iff it is CLOSED, with no transition in between.
 

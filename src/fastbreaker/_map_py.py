@@ -201,10 +201,14 @@ def _make_room(m: Any) -> None:
     # One scan in creation order picks the victims: breakers that carry no information first,
     # then other CLOSED ones. It stops as soon as enough of the first kind are found, the common
     # case (most hosts are healthy), so a scan is short.
+    if m._group.open >= len(m._d):
+        # Every held breaker is OPEN, HALF_OPEN or ISOLATED (the core counts them): no scan, so
+        # that a broad outage does not make every new key pay for a walk over the whole map.
+        return
     need = len(m._d) - (m._max_keys - m._room)
     idle: list[tuple[Hashable, Any]] = []
     closed: list[tuple[Hashable, Any]] = []
-    for key, breaker in m._d.items():  # only this lock's holder changes the dict
+    for key, breaker in m._closed_items():  # only this lock's holder changes the dict
         metrics = breaker.metrics()
         if metrics.state != CLOSED:
             continue
@@ -424,6 +428,16 @@ class BreakerMap:
 
     def __repr__(self) -> str:
         return _repr(self)
+
+    def _closed_items(self) -> Iterator[tuple[Hashable, CircuitBreaker]]:
+        """``(key, breaker)`` for the held breakers whose stored state is CLOSED, oldest first.
+
+        The eviction scan skips OPEN, HALF_OPEN and ISOLATED breakers through this (in C in the
+        compiled map), so that a map mostly made of them is walked quickly.
+        """
+        for key, breaker in self._d.items():
+            if breaker._state == CLOSED:
+                yield key, breaker
 
     def _detach(self, breaker: CircuitBreaker, shared: Config, detached: Config) -> bool:
         """Give ``breaker`` a group-less config iff it is CLOSED, with no transition in between.
