@@ -603,6 +603,58 @@ def test_room_is_made_in_batches_for_large_maps(fb, clock):
         assert len(m) <= 128
 
 
+EVICTION_OPS = st.tuples(
+    st.sampled_from(["allow", "success", "failure", "slow", "trip", "isolate", "reset",
+                     "advance"]),
+    st.integers(0, 9),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    max_keys=st.sampled_from([1, 2, 4]),
+    window=st.sampled_from([0, 4]),
+    ops=st.lists(EVICTION_OPS, max_size=80),
+)
+def test_eviction_follows_the_documented_order(fb, max_keys, window, ops):
+    # A model of the eviction rule, checked before every operation on a key not held.
+    clock = FakeClock(1_000_000_000_000)
+    m = fb.BreakerMap(failure_threshold=2, reset_timeout=2, window=window, min_calls=2,
+                      slow_call_duration=0.5, max_keys=max_keys, clock=clock)
+    evicted = untracked = 0
+    for name, key in ops:
+        if name == "advance":
+            clock.advance(1)
+            continue
+        held = list(m)
+        expected = held
+        if key not in held:
+            if len(held) < max_keys:
+                expected = held + [key]
+            else:
+                snap = {k: m.get(k).metrics() for k in held}
+                closed = [k for k in held if snap[k].state == fb.State.CLOSED]
+                idle = [k for k in closed if _map_py._carries_no_information(snap[k])]
+                victims = (idle + [k for k in closed if k not in idle])[:1]
+                if victims:
+                    expected = [k for k in held if k not in victims] + [key]
+                    evicted += 1
+                else:
+                    untracked += 1
+        if name in ("trip", "isolate", "reset"):
+            getattr(m[key], name)()
+        elif name == "allow":
+            m.allow(key)
+        elif name == "failure":
+            m.record_failure(key)
+        else:
+            m.record_success(key, 1.0 if name == "slow" else None)
+        assert list(m) == expected
+        mm = m.metrics()
+        assert (mm.evicted, mm.untracked) == (evicted, untracked)
+        assert m._group.size == len(m) and m._group.open == mm.open + mm.half_open + mm.isolated
+
+
 def test_totals_are_cumulative_and_include_dropped_breakers(fb, clock):
     m = make(fb, clock, failure_threshold=3, max_keys=4)
     for i in range(50):
