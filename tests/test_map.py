@@ -18,6 +18,12 @@ from fastbreaker import _map_py
 from fastbreaker.testing import FakeClock
 
 
+def own_clock():
+    """A clock of the test's own: pytest-run-parallel shares fixtures between its threads, and
+    these tests move time."""
+    return FakeClock(1_000_000_000_000)
+
+
 def make(fb, clock, **kw):
     kw.setdefault("clock", clock)
     return fb.BreakerMap(**kw)
@@ -106,7 +112,8 @@ def test_unhashable_key_is_a_type_error_naming_it(fb, op):
 # -- one breaker per key ------------------------------------------------------------------------------
 
 
-def test_first_sight_creates_and_get_never_creates(fb, clock):
+def test_first_sight_creates_and_get_never_creates(fb):
+    clock = own_clock()
     m = make(fb, clock)
     assert m.get("a") is None and "a" not in m and len(m) == 0
     assert m.allow("a") is True
@@ -121,7 +128,8 @@ def test_first_sight_creates_and_get_never_creates(fb, clock):
     assert m.get("zzz") is None and len(m) == 3
 
 
-def test_keyed_methods_drive_the_keys_breaker_only(fb, clock):
+def test_keyed_methods_drive_the_keys_breaker_only(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=2)
     key = ("api.example", "GET")
     fail(m, key, 2)
@@ -134,7 +142,8 @@ def test_keyed_methods_drive_the_keys_breaker_only(fb, clock):
     assert (mk.permitted, mk.rejected, mk.failures, mk.opened) == (2, 1, 2, 1)
 
 
-def test_record_success_with_elapsed_counts_slow_calls(fb, clock):
+def test_record_success_with_elapsed_counts_slow_calls(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=2, slow_call_duration=0.5)
     m.allow("a")
     m.record_success("a", 0.75)
@@ -144,7 +153,8 @@ def test_record_success_with_elapsed_counts_slow_calls(fb, clock):
     assert m["a"].metrics().slow_calls == 2
 
 
-def test_call_and_with_block(fb, clock):
+def test_call_and_with_block(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1)
 
     def add(a, b, *, key=0):  # the map's own parameters are positional-only
@@ -164,7 +174,9 @@ def test_call_and_with_block(fb, clock):
             pass
 
 
-async def test_call_async(fb, clock):
+@pytest.mark.thread_unsafe  # pytest-run-parallel cannot run coroutine tests
+async def test_call_async(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1)
 
     async def ok(x):
@@ -184,7 +196,8 @@ async def test_call_async(fb, clock):
     assert m["k"].metrics().successes == 1
 
 
-def test_breakers_share_the_maps_clock_and_recover(fb, clock):
+def test_breakers_share_the_maps_clock_and_recover(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, reset_timeout=10)
     fail(m, "a")
     fail(m, "b")
@@ -256,6 +269,7 @@ def apply(fb, target, op, keyed):
         return type(exc)
 
 
+@pytest.mark.thread_unsafe  # hypothesis drives its own examples
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     window=st.sampled_from([0, 0, 3, 5]),
@@ -309,7 +323,8 @@ def test_a_key_behaves_exactly_like_a_standalone_breaker(
 # -- state-change callbacks -------------------------------------------------------------------------
 
 
-def test_on_state_change_gets_the_key(fb, clock):
+def test_on_state_change_gets_the_key(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, reset_timeout=1)
     seen = []
 
@@ -328,7 +343,9 @@ def test_on_state_change_gets_the_key(fb, clock):
     assert type(seen[0][0]) is tuple
 
 
-def test_a_raising_callback_is_logged_and_the_others_still_run(fb, clock, caplog):
+@pytest.mark.thread_unsafe  # caplog is per test, not per thread
+def test_a_raising_callback_is_logged_and_the_others_still_run(fb, caplog):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1)
     seen = []
 
@@ -349,7 +366,8 @@ def test_on_state_change_rejects_non_callables(fb):
         fb.BreakerMap().on_state_change(42)
 
 
-def test_breaker_callbacks_and_map_callbacks_both_fire(fb, clock):
+def test_breaker_callbacks_and_map_callbacks_both_fire(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1)
     per_breaker, per_map = [], []
     m.on_state_change(lambda key, old, new: per_map.append(key))
@@ -364,7 +382,8 @@ def test_breaker_callbacks_and_map_callbacks_both_fire(fb, clock):
 
 
 @pytest.mark.parametrize("ratio, keys, allowed", [(0.29, 100, 29), (0.57, 100, 57), (0.01, 10, 1)])
-def test_max_open_ratio_bounds_automatic_trips_exactly(fb, clock, ratio, keys, allowed):
+def test_max_open_ratio_bounds_automatic_trips_exactly(fb, ratio, keys, allowed):
+    clock = own_clock()
     # 0.29 * 100 == 28.999999999999996 and 0.57 * 100 == 56.99999999999999 in floats
     m = make(fb, clock, failure_threshold=2, max_open_ratio=ratio)
     for i in range(keys):
@@ -382,7 +401,8 @@ def test_max_open_ratio_bounds_automatic_trips_exactly(fb, clock, ratio, keys, a
     assert m.metrics().suppressed_trips == keys - allowed + 1
 
 
-def test_default_ratio_never_suppresses(fb, clock):
+def test_default_ratio_never_suppresses(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1)
     for k in "abcd":
         fail(m, k)
@@ -390,7 +410,8 @@ def test_default_ratio_never_suppresses(fb, clock):
     assert (mm.open, mm.suppressed_trips) == (4, 0)
 
 
-def test_manual_trip_and_isolate_are_never_suppressed(fb, clock):
+def test_manual_trip_and_isolate_are_never_suppressed(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, max_open_ratio=0.25)
     for k in "abcd":
         m.allow(k)  # 4 keys: bound 1
@@ -407,7 +428,8 @@ def test_manual_trip_and_isolate_are_never_suppressed(fb, clock):
     assert m["d"].state == fb.State.CLOSED
 
 
-def test_half_open_counts_toward_the_bound_and_its_retrip_is_not_suppressed(fb, clock):
+def test_half_open_counts_toward_the_bound_and_its_retrip_is_not_suppressed(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, reset_timeout=1, max_open_ratio=0.5)
     for k in "ab":
         m.allow(k)  # bound 1
@@ -429,7 +451,8 @@ def test_half_open_counts_toward_the_bound_and_its_retrip_is_not_suppressed(fb, 
     assert (mm.open, mm.half_open, mm.suppressed_trips) == (1, 0, 1)
 
 
-def test_isolated_counts_toward_the_bound(fb, clock):
+def test_isolated_counts_toward_the_bound(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, max_open_ratio=0.5)
     for k in "ab":
         m.allow(k)
@@ -441,7 +464,8 @@ def test_isolated_counts_toward_the_bound(fb, clock):
     assert m["b"].state == fb.State.OPEN
 
 
-def test_window_mode_trips_are_bounded_too(fb, clock):
+def test_window_mode_trips_are_bounded_too(fb):
+    clock = own_clock()
     m = make(fb, clock, window=4, min_calls=2, failure_rate=0.5, max_open_ratio=0.5)
     for k in "ab":
         m.allow(k)
@@ -455,7 +479,8 @@ def test_window_mode_trips_are_bounded_too(fb, clock):
 # -- max_keys --------------------------------------------------------------------------------------------------
 
 
-def test_idle_breakers_are_dropped_first_oldest_first(fb, clock):
+def test_idle_breakers_are_dropped_first_oldest_first(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=5, max_keys=3)
     for k in "abc":
         m.allow(k)
@@ -469,7 +494,8 @@ def test_idle_breakers_are_dropped_first_oldest_first(fb, clock):
     assert m["a"].metrics().consecutive_failures == 1
 
 
-def test_then_the_oldest_closed_breakers_are_dropped(fb, clock):
+def test_then_the_oldest_closed_breakers_are_dropped(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=5, max_keys=3)
     for k in "abc":
         fail(m, k)
@@ -478,7 +504,8 @@ def test_then_the_oldest_closed_breakers_are_dropped(fb, clock):
     assert m.metrics().evicted == 1
 
 
-def test_a_success_makes_a_breaker_idle_again(fb, clock):
+def test_a_success_makes_a_breaker_idle_again(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=5, max_keys=2)
     fail(m, "a")
     fail(m, "b")
@@ -488,7 +515,8 @@ def test_a_success_makes_a_breaker_idle_again(fb, clock):
     assert list(m) == ["b", "c"]
 
 
-def test_window_failures_and_slow_calls_are_information(fb, clock):
+def test_window_failures_and_slow_calls_are_information(fb):
+    clock = own_clock()
     m = make(fb, clock, window=10, min_calls=5, slow_call_duration=0.5, max_keys=3)
     fail(m, "a")
     m.allow("a")
@@ -502,7 +530,8 @@ def test_window_failures_and_slow_calls_are_information(fb, clock):
     assert list(m) == ["a", "b", "d"]
 
 
-def test_open_half_open_and_isolated_are_never_dropped(fb, clock):
+def test_open_half_open_and_isolated_are_never_dropped(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, reset_timeout=1, max_keys=3)
     fail(m, "a")
     fail(m, "b")
@@ -515,7 +544,8 @@ def test_open_half_open_and_isolated_are_never_dropped(fb, clock):
     assert list(m) == ["a", "b", "c"]
 
 
-def test_a_new_key_in_a_map_full_of_open_breakers_is_untracked(fb, clock):
+def test_a_new_key_in_a_map_full_of_open_breakers_is_untracked(fb):
+    clock = own_clock()
     # Documented: every held breaker is OPEN/HALF_OPEN/ISOLATED, so none may be dropped; a new
     # key gets a fresh CLOSED breaker that the map does not hold.
     m = make(fb, clock, failure_threshold=1, max_keys=2)
@@ -541,7 +571,8 @@ def test_a_new_key_in_a_map_full_of_open_breakers_is_untracked(fb, clock):
     assert list(m) == ["b", "new"]
 
 
-def test_a_dropped_breaker_keeps_working_but_no_longer_affects_the_map(fb, clock):
+def test_a_dropped_breaker_keeps_working_but_no_longer_affects_the_map(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, max_keys=1, max_open_ratio=0.5)
     seen = []
     m.on_state_change(lambda key, old, new: seen.append(key))
@@ -564,7 +595,8 @@ def test_a_dropped_breaker_keeps_working_but_no_longer_affects_the_map(fb, clock
     assert m["a"] is not old and m["a"].metrics().permitted == 0  # a new key again
 
 
-def test_a_dropped_breaker_keeps_its_own_callbacks(fb, clock):
+def test_a_dropped_breaker_keeps_its_own_callbacks(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, max_keys=1)
     mine, maps = [], []
     m.on_state_change(lambda key, old, new: maps.append(key))
@@ -577,7 +609,8 @@ def test_a_dropped_breaker_keeps_its_own_callbacks(fb, clock):
     assert maps == []
 
 
-def test_a_breaker_that_left_closed_before_the_drop_is_kept(fb, clock):
+def test_a_breaker_that_left_closed_before_the_drop_is_kept(fb):
+    clock = own_clock()
     # The drop re-checks the state atomically: a breaker that tripped after the scan stays.
     m = make(fb, clock, failure_threshold=1, max_keys=5, max_open_ratio=1.0)
     for k in "abc":
@@ -590,7 +623,8 @@ def test_a_breaker_that_left_closed_before_the_drop_is_kept(fb, clock):
     assert m.metrics().open == 0 and m.open_keys() == []
 
 
-def test_room_is_made_in_batches_for_large_maps(fb, clock):
+def test_room_is_made_in_batches_for_large_maps(fb):
+    clock = own_clock()
     m = make(fb, clock, max_keys=128)  # room for 128 // 64 = 2 keys at once
     for i in range(128):
         m.allow(i)
@@ -610,6 +644,7 @@ EVICTION_OPS = st.tuples(
 )
 
 
+@pytest.mark.thread_unsafe  # hypothesis drives its own examples
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     max_keys=st.sampled_from([1, 2, 4]),
@@ -655,7 +690,8 @@ def test_eviction_follows_the_documented_order(fb, max_keys, window, ops):
         assert m._group.size == len(m) and m._group.open == mm.open + mm.half_open + mm.isolated
 
 
-def test_totals_are_cumulative_and_include_dropped_breakers(fb, clock):
+def test_totals_are_cumulative_and_include_dropped_breakers(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=3, max_keys=4)
     for i in range(50):
         m.allow(i)
@@ -668,7 +704,8 @@ def test_totals_are_cumulative_and_include_dropped_breakers(fb, clock):
     assert (mm.permitted, mm.successes, mm.failures) == (60, 50, 10)
 
 
-def test_the_map_counts_keys_for_the_bound(fb, clock):
+def test_the_map_counts_keys_for_the_bound(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, max_keys=4, max_open_ratio=0.5)
     for i in range(10):
         m.allow(i)
@@ -682,7 +719,9 @@ def test_the_map_counts_keys_for_the_bound(fb, clock):
 # -- no threads, ever ----------------------------------------------------------------------------------
 
 
-def test_no_threads_timers_or_tasks(fb, clock):
+@pytest.mark.thread_unsafe  # it counts the process's threads
+def test_no_threads_timers_or_tasks(fb):
+    clock = own_clock()
     before = threading.enumerate()
     m = make(fb, clock, failure_threshold=1, reset_timeout=1, max_keys=3, window=0)
     for i in range(10):
@@ -724,6 +763,7 @@ def run_threads(n, target):
     assert not errors, errors
 
 
+@pytest.mark.thread_unsafe  # it runs its own threads
 def test_threads_conserve_every_outcome(fb, fast_switching):
     m = fb.BreakerMap(failure_threshold=10**9, window=0)
     n, rounds = 4, 2000
@@ -748,6 +788,7 @@ def test_threads_conserve_every_outcome(fb, fast_switching):
     assert m["pair-0"].metrics().permitted == (n // 2) * rounds
 
 
+@pytest.mark.thread_unsafe  # it runs its own threads
 def test_threads_never_create_two_breakers_for_one_key(fb, fast_switching):
     m = fb.BreakerMap()
     n, keys = 4, [f"host-{i}" for i in range(300)]
@@ -764,6 +805,7 @@ def test_threads_never_create_two_breakers_for_one_key(fb, fast_switching):
     assert m.metrics().permitted == (n // 2) * len(keys)
 
 
+@pytest.mark.thread_unsafe  # it runs its own threads
 def test_threads_never_exceed_max_keys_and_keep_the_counts_right(fb, fast_switching):
     m = fb.BreakerMap(failure_threshold=2, reset_timeout=0, max_keys=40, max_open_ratio=0.5)
     n, rounds = 4, 600
@@ -793,7 +835,8 @@ def test_threads_never_exceed_max_keys_and_keep_the_counts_right(fb, fast_switch
     assert mm.keys + mm.evicted + mm.untracked >= 90 - 40
 
 
-def test_detach_swaps_the_config_only_of_closed_breakers(fb, clock):
+def test_detach_swaps_the_config_only_of_closed_breakers(fb):
+    clock = own_clock()
     m = make(fb, clock, failure_threshold=1, max_open_ratio=0.5)
     for k in "abcd":
         m.allow(k)
@@ -813,6 +856,7 @@ def test_detach_swaps_the_config_only_of_closed_breakers(fb, clock):
     assert len(detached.listeners) == 1
 
 
+@pytest.mark.thread_unsafe  # it runs its own threads
 def test_threads_evicting_while_tripping_keep_the_open_count_exact(fb, fast_switching):
     # Eviction races with trips of the breakers it drops (threads hold them, as `with m[key]:`
     # does): a trip that slipped in between the eviction's state check and its config swap
