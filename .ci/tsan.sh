@@ -70,7 +70,7 @@ set +e
 LD_PRELOAD=$TSAN_LIB \
 TSAN_OPTIONS="suppressions=$WORK/suppressions.txt halt_on_error=0 report_signal_unsafe=0 log_path=$WORK/logs/tsan" \
 FB_TEST_CFLAGS="$TSAN_CFLAGS" FB_TEST_LDFLAGS="-fsanitize=thread" FB_STRESS_SECONDS=${FB_STRESS_SECONDS:-1.5} \
-    "$VPY" -m pytest -q -s -p no:cacheprovider tests/test_stress.py -k "not racy"
+    "$VPY" -m pytest -q -s -p no:cacheprovider -p no:python_path tests/test_stress.py -k "not racy"
 status=$?
 set -e
 
