@@ -12,14 +12,20 @@ calling its ``allow()`` method: that saves one Python-level call, which is what 
 ``m.allow(key)`` next to the cost of ``d[key].allow()``. The C entry points do not run
 state-change callbacks, so they are used only when the breaker is CLOSED (where admission makes no
 transition); every other state goes through ``breaker.allow()``. Under the GIL nothing can
-happen between the state read and the admission: no Python code runs in between.
+happen between the state read and the admission: no Python code runs in between. On a
+free-threaded build a trip can land in between; the admission then finds the breaker OPEN and
+rejects (a breaker with a Python clock is handed to ``breaker.allow()``), and only with
+``reset_timeout=0`` could it move the breaker to HALF_OPEN without firing the callbacks.
 """
 
 cimport cython
 from cpython.exc cimport PyErr_Clear
 from cpython.ref cimport PyObject, Py_DECREF
 
-from ._breaker_c cimport fb_breaker_t, fb_breaker_handle, fb_breaker_acquire, fb_breaker_state
+from libc.stdint cimport int64_t
+
+from ._breaker_c cimport (FB_NEED_CLOCK, fb_breaker_t, fb_breaker_handle, fb_breaker_acquire,
+                          fb_breaker_state)
 
 from . import _breaker_c
 from . import _map_py as _py
@@ -85,8 +91,11 @@ cdef class BreakerMap:
         """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
         cdef object breaker = lookup(self, key)
         cdef fb_breaker_t *h = fb_breaker_handle(breaker)
+        cdef int64_t permit
         if fb_breaker_state(h) == 0:  # CLOSED: admission makes no transition
-            return fb_breaker_acquire(h, -1) >= 0
+            permit = fb_breaker_acquire(h, -1)
+            if permit != FB_NEED_CLOCK:  # (it tripped meanwhile, and its clock is Python's)
+                return permit >= 0
         return breaker.allow()
 
     @cython.binding(False)
