@@ -45,6 +45,9 @@ RACY_ATTEMPTS = 4  # up to this many 1 s runs until the racy core shows a violat
 
 needs_c = pytest.mark.skipif(not fastbreaker.COMPILED, reason="the C API needs the compiled core")
 needs_cc = pytest.mark.skipif(not capi_ext.have_compiler(), reason="no Cython or no C compiler")
+# The hammers start their own threads and run for a set time: copies run by pytest-run-parallel
+# would only share the two cores between them.
+own_threads = pytest.mark.thread_unsafe(reason="starts its own threads")
 
 
 @pytest.fixture(scope="session")
@@ -224,6 +227,7 @@ def capi_ext_gen_mask(client: Any) -> int:
 
 @needs_c
 @needs_cc
+@own_threads
 @pytest.mark.parametrize("mode", sorted(BREAKER_CONFIGS))
 def test_breaker_invariants_hold_under_parallel_hammer(client: Any, mode: str) -> None:
     breaker = fastbreaker.CircuitBreaker(**BREAKER_CONFIGS[mode])
@@ -238,6 +242,7 @@ def test_breaker_invariants_hold_under_parallel_hammer(client: Any, mode: str) -
 
 @needs_c
 @needs_cc
+@own_threads
 def test_racy_breaker_core_is_caught(racy: Any) -> None:
     """The negative control: the same hammer and checks find a CAS that is not atomic."""
     reports = []
@@ -309,6 +314,7 @@ BUDGET_CONFIGS = {
 
 @needs_c
 @needs_cc
+@own_threads
 @pytest.mark.parametrize("mode", sorted(BUDGET_CONFIGS))
 def test_budget_tokens_conserved_under_parallel_hammer(client: Any, mode: str) -> None:
     budget = fastbreaker.RetryBudget(**BUDGET_CONFIGS[mode])
@@ -320,6 +326,7 @@ def test_budget_tokens_conserved_under_parallel_hammer(client: Any, mode: str) -
 
 @needs_c
 @needs_cc
+@own_threads
 def test_racy_budget_is_caught(racy: Any) -> None:
     found: list[str] = []
     for _ in range(RACY_ATTEMPTS):
@@ -467,3 +474,55 @@ class TestPythonAPIUnderThreads:
 
         taken = sum(run_threads(4, body))
         assert budget.tokens == pytest.approx(1000.0 - taken + 0.5 * 4 * 2000, abs=1e-9)
+
+    def test_map_gives_each_key_one_breaker(self, fb: Any) -> None:
+        m = fb.BreakerMap(failure_threshold=3)
+        keys = [f"host-{k}" for k in range(400)]
+
+        def body(i: int) -> dict[str, Any]:
+            order = keys[i * 100 :] + keys[: i * 100]  # threads meet each key at different times
+            if i % 2:
+                order.reverse()
+            return {k: m[k] for k in order}
+
+        seen = run_threads(4, body)
+        for k in keys:
+            assert len({id(s[k]) for s in seen}) == 1, f"{k} got two breakers"
+            assert m[k] is seen[0][k]
+        assert len(m) == m.metrics().keys == len(keys)
+
+    def test_map_stays_bounded_while_threads_create_and_evict(self, fb: Any) -> None:
+        m = fb.BreakerMap(failure_threshold=2, reset_timeout=60, max_keys=32)
+        sizes: list[int] = []
+
+        def body(i: int) -> collections.Counter[str]:
+            seen: collections.Counter[str] = collections.Counter()
+            for n in range(3000):
+                key = (n * 7919 + i * 104729) % 500
+                fail = key % 50 == 0  # a few hosts are down: their breakers open and stay
+                try:
+                    m.call(key, _raise if fail else _ok)
+                    seen["ok"] += 1
+                except fastbreaker.CircuitOpenError:
+                    seen["rejected"] += 1
+                except Boom:
+                    seen["raised"] += 1
+                if n % 100 == 0:
+                    sizes.append(len(m))
+                    m.metrics()
+            return seen
+
+        seen = sum(run_threads(4, body), collections.Counter())
+        mm = m.metrics()
+        assert max(sizes) <= 32 and len(m) <= 32 and mm.keys == len(m)
+        assert mm.evicted > 0 and seen["rejected"] > 0
+        # the open hosts were never evicted: they are all still held, and still OPEN
+        assert {k for k in range(0, 500, 50)} <= set(m.open_keys())
+
+
+def _ok() -> None:
+    return None
+
+
+def _raise() -> None:
+    raise Boom()
