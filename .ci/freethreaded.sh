@@ -65,14 +65,15 @@ fb_freethreaded_main() {
     rm -rf "$venv"
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q -U pip
-    # The project's test, bench and integration extras minus mypy (its dependencies build with
-    # Rust: no 3.13t wheels), plus pytest-run-parallel. --prefer-binary: some tools' newest
-    # releases have no 3.13t wheel where an older pure-Python one does the job.
+    # The project's test, bench and integration extras minus the tools whose dependencies build
+    # with Rust (no 3.13t wheels; their tests skip), plus pytest-run-parallel. --prefer-binary:
+    # some tools' newest releases have no 3.13t wheel where an older pure-Python one will do.
     "$venv/bin/python" - "$root/pyproject.toml" >"$venv/test-requirements.txt" <<'PY'
 import re, sys, tomllib
 extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
 reqs = {r for k in ("test", "bench", "httpx", "prometheus") for r in extras.get(k, [])}
-print("\n".join(sorted(r for r in reqs if re.split(r"[<>=!~\[; ]", r)[0].lower() != "mypy")))
+skip = {"mypy", "check-jsonschema"}  # Rust-built dependencies without 3.13t wheels
+print("\n".join(sorted(r for r in reqs if re.split(r"[<>=!~\[; ]", r)[0].lower() not in skip)))
 print("pytest-run-parallel")
 PY
     if ! "$venv/bin/python" -m pip install -q --prefer-binary -r "$venv/test-requirements.txt"; then
