@@ -17,7 +17,12 @@ CODE = (
 
 
 def run(env_extra):
+    import fastbreaker
+
     env = {k: v for k, v in os.environ.items() if k != "FASTBREAKER_NO_EXTENSIONS"}
+    # the same fastbreaker this test session imports (installed or from src/)
+    src = os.path.dirname(os.path.dirname(fastbreaker.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     env.update(env_extra)
     out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
