@@ -30,6 +30,11 @@ cdef fb_breaker_t *fb_breaker_handle(object breaker) except NULL
 # clock and `now` < 0. `now` is monotonic ns, or -1 to read CLOCK_MONOTONIC only when needed.
 cdef int64_t fb_breaker_acquire(fb_breaker_t *b, int64_t now) noexcept nogil
 
+# Admit a call only if the breaker is CLOSED (no clock read, no transition): a permit, or
+# FB_REJECTED when it is not CLOSED (then use fb_breaker_acquire, or the Python API to get
+# state-change callbacks).
+cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil
+
 # Report the outcome (FB_SUCCESS, FB_SLOW, FB_FAILURE, FB_NEUTRAL) of the call admitted with
 # `permit`. Returns 0, or FB_NEED_CLOCK (nothing recorded) when the time is needed and unknown.
 cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil

@@ -404,6 +404,14 @@ cdef int64_t fb_breaker_acquire(fb_breaker_t *b, int64_t now) noexcept nogil:
     cdef int trans = 0
     return acquire(<core_t *>b, now, &trans)
 
+cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil:
+    cdef core_t *c = <core_t *>b
+    cdef int64_t w = fb_load_acq(&c.word)
+    if (w & (ST_MASK | BUSY)) == S_CLOSED:
+        fb_add(&c.permitted, 1)
+        return w_gen(w)
+    return FB_REJECTED_
+
 cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil:
     cdef int trans = 0
     if now < 0 and not (<core_t *>b).cfg.use_c_clock:
@@ -471,6 +479,7 @@ cdef class Config:
     cdef public object hook
     cdef public list listeners
     cdef public bint shared
+    cdef public object retired  # the config this one replaced on some breaker (kept alive)
 
     def __init__(self, options, group=None, hook=None):
         self.options = options
@@ -512,7 +521,7 @@ cdef class CircuitBreaker:
     """A circuit breaker whose hot path is lock-free C (see the README for every option)."""
 
     cdef core_t st
-    cdef object _label
+    cdef readonly object _label
 
     def __init__(self, failure_threshold=5, reset_timeout=30.0, *, window=0, min_calls=20,
                  failure_rate=0.5, slow_call_duration=None, slow_call_rate=1.0,
@@ -555,6 +564,11 @@ cdef class CircuitBreaker:
         cdef config_t *old = self.st.cfg
         if config.c.window != old.window:
             raise ValueError("a breaker's window size cannot change")
+        # Another thread may still be reading the old config: it stays alive with the new one.
+        if config.retired is None:
+            config.retired = <object>old.owner
+        else:
+            config.retired = (config.retired, <object>old.owner)
         Py_INCREF(config)
         self.st.cfg = &config.c
         Py_DECREF(<object>old.owner)
@@ -598,13 +612,13 @@ cdef class CircuitBreaker:
 
     # -- call paths ----------------------------------------------------------------------------
     @cython.binding(False)
-    def call(self, fn, *args, **kwargs):
+    def call(self, fn, /, *args, **kwargs):
         """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         return guarded_call(self, fn, args, kwargs)
 
-    def call_async(self, fn, *args, **kwargs):
+    def call_async(self, fn, /, *args, **kwargs):
         """Await ``fn(*args, **kwargs)`` through the breaker."""
         return _calls.call_async(self, fn, args, kwargs)
 

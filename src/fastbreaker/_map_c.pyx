@@ -24,7 +24,7 @@ from cpython.ref cimport PyObject, Py_DECREF
 
 from libc.stdint cimport int64_t
 
-from ._breaker_c cimport (FB_NEED_CLOCK, fb_breaker_t, fb_breaker_handle, fb_breaker_acquire,
+from ._breaker_c cimport (fb_breaker_t, fb_breaker_handle, fb_breaker_acquire_closed,
                           fb_breaker_state)
 
 from . import _breaker_c
@@ -91,11 +91,10 @@ cdef class BreakerMap:
         """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
         cdef object breaker = lookup(self, key)
         cdef fb_breaker_t *h = fb_breaker_handle(breaker)
-        cdef int64_t permit
-        if fb_breaker_state(h) == 0:  # CLOSED: admission makes no transition
-            permit = fb_breaker_acquire(h, -1)
-            if permit != FB_NEED_CLOCK:  # (it tripped meanwhile, and its clock is Python's)
-                return permit >= 0
+        # CLOSED: admitted in C (no transition possible); otherwise the Python path, which
+        # fires state-change callbacks.
+        if fb_breaker_acquire_closed(h) >= 0:
+            return True
         return breaker.allow()
 
     @cython.binding(False)

@@ -103,16 +103,7 @@ class _Hook:
                 _logger.exception("fastbreaker: BreakerMap state-change callback %r raised", cb)
 
     def _key_of(self, breaker: Any) -> Any:
-        try:
-            return breaker._label
-        except AttributeError:
-            # A core that keeps the label private: find the breaker among the held ones (a
-            # transition is rare, so an O(len) scan here costs nothing on the call path).
-            owner = self._map()
-            for key, held in list(owner._d.items()) if owner is not None else ():
-                if held is breaker:
-                    return key
-            return breaker.name
+        return breaker._label
 
 
 # -- the rarely-run steps, shared by both classes -----------------------------------------------
