@@ -355,6 +355,11 @@ cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nog
         if g != NULL:
             fb_add(&g.open, -1)
         return 0
+    if b.cfg.group != g:
+        # the breaker left (or joined) a map between the reservation and the claim
+        if g != NULL:
+            fb_add(&g.open, -1)
+        group_open_add(b, 1)
     fb_store_rlx(&b.since_ns, now)
     fb_add(&b.opened, 1)
     fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, 0))
@@ -572,6 +577,22 @@ cdef class CircuitBreaker:
         Py_INCREF(config)
         self.st.cfg = &config.c
         Py_DECREF(<object>old.owner)
+
+    def _swap_config_if_closed(self, Config config):
+        """Swap in ``config`` only while CLOSED, with no transition in between (a BreakerMap
+        dropping a breaker). The swap happens under a claim of the state word, so a trip either
+        sees the old config throughout or the new one. Returns whether it swapped."""
+        cdef int64_t w = fb_load_acq(&self.st.word)
+        while True:
+            if (w & (ST_MASK | BUSY)) != S_CLOSED:
+                return False
+            if fb_cas(&self.st.word, &w, w | BUSY):
+                break
+        try:
+            self._set_config(config)
+        finally:
+            fb_store_rel(&self.st.word, w)
+        return True
 
     def _now(self):
         return now_of(self)

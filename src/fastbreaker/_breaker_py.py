@@ -481,6 +481,15 @@ class CircuitBreaker:
             config.listeners.append(callback)
         return callback
 
+    def _swap_config_if_closed(self, config: Config) -> bool:
+        """Swap in ``config`` only while CLOSED, with no transition in between (a BreakerMap
+        dropping a breaker). Returns whether it swapped."""
+        with self._lock:
+            if self._state != CLOSED:
+                return False
+            self._set_config(config)
+            return True
+
     def _set_config(self, config: Config) -> None:
         """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
         if config.options.window != self._config.options.window:

@@ -164,18 +164,17 @@ cdef class BreakerMap:
         """Give ``breaker`` a group-less config iff it is CLOSED, with no transition in between.
 
         A breaker on the map's ``shared`` config gets ``detached``; one with its own listeners
-        gets a private group-less copy without the map's hook. No Python code runs between the
-        state read and the swap, so under the GIL no trip can slip in between (it would leave the
-        map's count of non-CLOSED breakers off by one forever).
+        gets a private group-less copy without the map's hook. The core swaps under a claim of
+        the breaker's state word, so no trip can slip in between (it would leave the map's count
+        of non-CLOSED breakers off by one forever), with or without the GIL. The listener lock
+        keeps a concurrent on_state_change() from re-attaching a copy of the map's config.
         """
-        if fb_breaker_state(fb_breaker_handle(breaker)) != 0:
-            return False
-        config = breaker._config
-        if config is shared:
-            config = detached
-        else:
-            config = config.copy(keep_group=False)
-            config.hook = None
-        breaker._set_config(config)
-        return True
+        with _breaker_c._listener_lock:
+            config = breaker._config
+            if config is shared:
+                config = detached
+            else:
+                config = config.copy(keep_group=False)
+                config.hook = None
+            return breaker._swap_config_if_closed(config)
 
