@@ -519,6 +519,33 @@ class TestPythonAPIUnderThreads:
         # the open hosts were never evicted: they are all still held, and still OPEN
         assert {k for k in range(0, 500, 50)} <= set(m.open_keys())
 
+    def test_map_evicts_breakers_that_other_threads_are_calling(self, fb: Any) -> None:
+        # Eviction swaps a breaker's config while other threads call that breaker: the
+        # ThreadSanitizer run (.ci/tsan.sh) watches this for unsynchronized accesses.
+        m = fb.BreakerMap(failure_threshold=10**6, max_keys=4)
+        done = threading.Event()
+
+        def body(i: int) -> int:
+            n = 0
+            if i == 0:
+                try:
+                    while not done.is_set() or n < 2000:
+                        m.allow(f"new-{n}")
+                        n += 1
+                finally:
+                    done.set()
+                return n
+            for _ in range(20000):
+                if m.allow("hot"):
+                    m.record_success("hot")
+                    n += 1
+            done.set()
+            return n
+
+        calls = run_threads(3, body)
+        assert calls[1] == calls[2] == 20000  # never rejected: nothing fails
+        assert len(m) <= 4 and m.metrics().evicted > 0
+
 
 def _ok() -> None:
     return None

@@ -35,6 +35,8 @@ cdef extern from "_fb_atomic.h" nogil:
     bint fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired)
     void fb_max(int64_t *p, int64_t v)
     int64_t fb_monotonic_ns()
+    void *fb_load_ptr(void **p)
+    void fb_store_ptr(void **p, void *v)
 
 cdef extern from "_fb_breaker.h" nogil:
     ctypedef struct group_t "fb_group_t":
@@ -54,6 +56,10 @@ cdef extern from "_fb_breaker.h" nogil:
         window_t *win
         config_t *cfg
         int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened
+
+# The config pointer is swapped (BreakerMap) while other threads read it: atomic accesses.
+cdef inline config_t *cfg_of(core_t *b) noexcept nogil:
+    return <config_t *>fb_load_ptr(<void **>&b.cfg)
 
 # -- the state word ------------------------------------------------------------------------------
 cdef enum:
@@ -114,7 +120,7 @@ cdef inline int64_t open_period(config_t *c, int64_t level) noexcept nogil:
 cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
     if now >= 0:
         return now
-    if b.cfg.use_c_clock:
+    if cfg_of(b).use_c_clock:
         return fb_monotonic_ns()
     return -1
 
@@ -134,15 +140,15 @@ cdef inline void clear_window(core_t *b, int64_t new_gen) noexcept nogil:
     fb_store_rlx(&b.consec, (new_gen & GEN_MASK) << CONSEC_SHIFT)
     if win == NULL:
         return
-    nwords = (b.cfg.window + 31) >> 5
+    nwords = (cfg_of(b).window + 31) >> 5
     for i in range(nwords):
         fb_store_rlx(&win.slots[i], 0)
     fb_store_rlx(&win.head, 0)
     fb_store_rlx(&win.agg, AGG_ZERO)
 
 cdef inline void group_open_add(core_t *b, int64_t delta) noexcept nogil:
-    if b.cfg.group != NULL:
-        fb_add(&b.cfg.group.open, delta)
+    if cfg_of(b).group != NULL:
+        fb_add(&cfg_of(b).group.open, delta)
 
 cdef inline int64_t min_level(int64_t level) noexcept nogil:
     return level if level < MAX_LEVEL else MAX_LEVEL
@@ -163,7 +169,7 @@ cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
 cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
     cdef int64_t w, since, gen, inflight
     cdef int st
-    cdef config_t *c = b.cfg
+    cdef config_t *c = cfg_of(b)
     w = fb_load_acq(&b.word)
     while True:
         st = w & ST_MASK
@@ -213,7 +219,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
     """0, FB_NEED_CLOCK_ (nothing recorded) or NEED_TRIP (recorded; call trip_auto with a time)."""
     cdef int64_t w, gen, ok
     cdef int st
-    cdef config_t *c = b.cfg
+    cdef config_t *c = cfg_of(b)
     w = fb_load_acq(&b.word)
     while True:
         st = w & ST_MASK
@@ -263,7 +269,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             return 0
 
 cdef inline int release_closed(core_t *b, int64_t gen, int outcome, int64_t now, int *trans) noexcept nogil:
-    cdef config_t *c = b.cfg
+    cdef config_t *c = cfg_of(b)
     cdef bint failed, slow, trip = False
     cdef int64_t cur, count, tag
     if outcome == FB_NEUTRAL:
@@ -303,7 +309,7 @@ cdef inline int release_closed(core_t *b, int64_t gen, int outcome, int64_t now,
 
 cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
     cdef window_t *win = b.win
-    cdef config_t *c = b.cfg
+    cdef config_t *c = cfg_of(b)
     cdef int64_t pos = (fb_add(&win.head, 1) - 1) % c.window
     cdef int64_t *slot = &win.slots[pos >> 5]
     cdef int shift = (pos & 31) * 2
@@ -335,7 +341,7 @@ cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
 cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nogil:
     """CLOSED(gen) -> OPEN after an outcome crossed the threshold; NEED_TRIP without a time."""
     cdef int64_t w, cur
-    cdef group_t *g = b.cfg.group
+    cdef group_t *g = cfg_of(b).group
     now = resolve_now(b, now)
     if now < 0:
         return NEED_TRIP
@@ -355,7 +361,7 @@ cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nog
         if g != NULL:
             fb_add(&g.open, -1)
         return 0
-    if b.cfg.group != g:
+    if cfg_of(b).group != g:
         # the breaker left (or joined) a map between the reservation and the claim
         if g != NULL:
             fb_add(&g.open, -1)
@@ -419,7 +425,7 @@ cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil:
 
 cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil:
     cdef int trans = 0
-    if now < 0 and not (<core_t *>b).cfg.use_c_clock:
+    if now < 0 and not cfg_of(<core_t *>b).use_c_clock:
         return FB_NEED_CLOCK_  # a breaker with a Python clock needs the caller's time
     if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
         outcome = FB_FAILURE
@@ -432,7 +438,7 @@ cdef int64_t fb_breaker_acquire_ex(fb_breaker_t *b, int64_t now, int *info) noex
 cdef int fb_breaker_release_ex(fb_breaker_t *b, int64_t permit, int outcome, int64_t now,
                                int *info) noexcept nogil:
     info[0] = 0
-    if now < 0 and not (<core_t *>b).cfg.use_c_clock:
+    if now < 0 and not cfg_of(<core_t *>b).use_c_clock:
         return FB_NEED_CLOCK_
     if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
         outcome = FB_FAILURE
@@ -532,7 +538,7 @@ cdef class CircuitBreaker:
                  failure_rate=0.5, slow_call_duration=None, slow_call_rate=1.0,
                  half_open_max_calls=1, success_threshold=1, max_reset_timeout=None,
                  probe_timeout=None, failure_on=(Exception,), ignore=(), name=None, clock=None):
-        if self.st.cfg != NULL:
+        if cfg_of(&self.st) != NULL:
             raise RuntimeError("CircuitBreaker.__init__ called twice")
         options = BreakerOptions(
             failure_threshold, reset_timeout, window=window, min_calls=min_calls,
@@ -556,17 +562,17 @@ cdef class CircuitBreaker:
         if self.st.win != NULL:
             PyMem_Free(self.st.win)
             self.st.win = NULL
-        if self.st.cfg != NULL:
-            Py_DECREF(<object>self.st.cfg.owner)
-            self.st.cfg = NULL
+        if cfg_of(&self.st) != NULL:
+            Py_DECREF(<object>cfg_of(&self.st).owner)
+            fb_store_ptr(<void **>&self.st.cfg, NULL)
 
     @property
     def _config(self):
-        return <object>self.st.cfg.owner
+        return <object>cfg_of(&self.st).owner
 
     def _set_config(self, Config config):
         """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
-        cdef config_t *old = self.st.cfg
+        cdef config_t *old = cfg_of(&self.st)
         if config.c.window != old.window:
             raise ValueError("a breaker's window size cannot change")
         # Another thread may still be reading the old config: it stays alive with the new one.
@@ -575,7 +581,7 @@ cdef class CircuitBreaker:
         else:
             config.retired = (config.retired, <object>old.owner)
         Py_INCREF(config)
-        self.st.cfg = &config.c
+        fb_store_ptr(<void **>&self.st.cfg, &config.c)
         Py_DECREF(<object>old.owner)
 
     def _swap_config_if_closed(self, Config config):
@@ -655,7 +661,7 @@ cdef class CircuitBreaker:
         cdef int64_t permit = acquire_or_reject(self)
         if permit < 0:
             raise open_error(self)
-        _active_set((self, permit, now_of(self) if self.st.cfg.slow_ns else 0, _active_get()))
+        _active_set((self, permit, now_of(self) if cfg_of(&self.st).slow_ns else 0, _active_get()))
         return self
 
     def __exit__(self, et, exc, tb):
@@ -668,8 +674,8 @@ cdef class CircuitBreaker:
         else:
             permit, start = _calls.pop_entry(self)
         if exc is not None:
-            outcome = (<Config>self.st.cfg.owner).options.classify(exc)
-        elif self.st.cfg.slow_ns and now_of(self) - start >= self.st.cfg.slow_ns:
+            outcome = (<Config>cfg_of(&self.st).owner).options.classify(exc)
+        elif cfg_of(&self.st).slow_ns and now_of(self) - start >= cfg_of(&self.st).slow_ns:
             outcome = FB_SLOW
         else:
             outcome = FB_SUCCESS
@@ -744,7 +750,7 @@ cdef class CircuitBreaker:
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         with _listener_lock:
-            config = <Config>self.st.cfg.owner
+            config = <Config>cfg_of(&self.st).owner
             if config.shared:
                 config = config.copy()
                 self._set_config(config)
@@ -764,7 +770,7 @@ cdef setup(CircuitBreaker self, Config config, label):
             raise MemoryError()
         self.st.win.agg = AGG_ZERO
     Py_INCREF(config)
-    self.st.cfg = &config.c
+    fb_store_ptr(<void **>&self.st.cfg, &config.c)
     self._label = label
 
 cdef object fire(CircuitBreaker self, int trans):
@@ -772,14 +778,14 @@ cdef object fire(CircuitBreaker self, int trans):
     cdef int old = (trans >> 4) & 0xF, new = trans & 0xF
     if old == new:
         return
-    config = <Config>self.st.cfg.owner
+    config = <Config>cfg_of(&self.st).owner
     _calls.fire(self, tuple(config.listeners), config.hook, _STATES[old], _STATES[new])
 
 cdef inline int64_t now_of(CircuitBreaker self) except? -1:
     cdef object clock
-    if self.st.cfg.use_c_clock:
+    if cfg_of(&self.st).use_c_clock:
         return fb_monotonic_ns()
-    clock = (<Config>self.st.cfg.owner).options.clock
+    clock = (<Config>cfg_of(&self.st).owner).options.clock
     return clock()
 
 cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
@@ -789,7 +795,7 @@ cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
         return INFINITY
     if st != S_OPEN:
         return 0.0
-    left = since + open_period(self.st.cfg, w_level(w)) - now_of(self)
+    left = since + open_period(cfg_of(&self.st), w_level(w)) - now_of(self)
     return (left if left > 0 else 0) / 1e9
 
 cdef object open_error(CircuitBreaker self):
@@ -812,7 +818,7 @@ cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
         if permit < 0:
             raise open_error(self)
     # Hold the config for the whole call: a BreakerMap may swap it while fn runs.
-    config = <Config>self.st.cfg.owner
+    config = <Config>cfg_of(&self.st).owner
     c = &config.c
     if c.slow_ns:
         start = now_of(self)

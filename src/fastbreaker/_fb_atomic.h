@@ -75,6 +75,20 @@ static inline int fb_cas(int64_t *p, int64_t *expected, int64_t desired) {
 }
 #endif
 
+/* Pointer-sized atomics (a breaker's config pointer is swapped while others read it). */
+#if defined(_MSC_VER) && !defined(__clang__)
+#if defined(_WIN64)
+static inline void *fb_load_ptr(void **p) { return (void *)fb_load_acq((int64_t *)p); }
+static inline void fb_store_ptr(void **p, void *v) { fb_store_rel((int64_t *)p, (int64_t)v); }
+#else
+static inline void *fb_load_ptr(void **p) { void *v = *(void *volatile *)p; _ReadWriteBarrier(); return v; }
+static inline void fb_store_ptr(void **p, void *v) { _ReadWriteBarrier(); *(void *volatile *)p = v; }
+#endif
+#else
+static inline void *fb_load_ptr(void **p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void fb_store_ptr(void **p, void *v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+#endif
+
 /* Raise *p to at least v (never lowers it). */
 static inline void fb_max(int64_t *p, int64_t v) {
     int64_t cur = fb_load_rlx(p);

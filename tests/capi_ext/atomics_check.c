@@ -20,6 +20,7 @@
 int main(void) {
     int64_t x = 5, e;
     int64_t t0, t1;
+    void *ptr = NULL;
     CHECK(fb_load_acq(&x) == 5 && fb_load_rlx(&x) == 5);
     fb_store_rel(&x, 7);
     CHECK(fb_load_acq(&x) == 7);
@@ -42,6 +43,9 @@ int main(void) {
     CHECK(fb_add(&x, 1) == INT64_MAX);
     e = INT64_MAX;
     CHECK(fb_cas_strong(&x, &e, INT64_MIN) && x == INT64_MIN);
+    CHECK(fb_load_ptr(&ptr) == NULL);
+    fb_store_ptr(&ptr, &x);
+    CHECK(fb_load_ptr(&ptr) == (void *)&x);
     t0 = fb_monotonic_ns();
     t1 = fb_monotonic_ns();
     CHECK(t0 > 0 && t1 >= t0);
