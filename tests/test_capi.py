@@ -184,6 +184,21 @@ def test_a_python_clock_needs_the_callers_time(client: Any, C: Any) -> None:
 
 
 @needs_cc
+def test_acquire_closed_admits_only_in_closed_and_never_moves_the_state(client: Any, C: Any) -> None:
+    clock = fastbreaker.testing.FakeClock(T0)
+    breaker = fastbreaker.CircuitBreaker(failure_threshold=1, reset_timeout=1.0, clock=clock)
+    assert client.acquire_closed(breaker) == 0
+    breaker.trip()
+    clock.advance(10)  # the open period is long over: a probe could pass, but not through here
+    assert client.acquire_closed(breaker) == C.FB_REJECTED
+    assert client.state(breaker) == OPEN
+    assert breaker.allow() and client.state(breaker) == HALF_OPEN  # the full path makes the probe
+    m = breaker.metrics()
+    # its refusal is not a rejection: the caller is expected to go on to the full path
+    assert (m.permitted, m.rejected) == (2, 0)
+
+
+@needs_cc
 def test_unknown_outcome_counts_as_failure_and_isolation_rejects(client: Any, C: Any) -> None:
     breaker = fastbreaker.CircuitBreaker(failure_threshold=10)
     client.release(breaker, client.acquire(breaker), 99)

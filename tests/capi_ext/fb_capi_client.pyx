@@ -14,7 +14,7 @@ from libc.stdint cimport int64_t, uint64_t
 
 from fastbreaker._breaker_c cimport (
     FB_FAILURE, FB_NEED_CLOCK, FB_NEUTRAL, FB_REJECTED, FB_SLOW, FB_SUCCESS, fb_breaker_acquire,
-    fb_breaker_acquire_ex, fb_breaker_handle, fb_breaker_release, fb_breaker_release_ex,
+    fb_breaker_acquire_closed, fb_breaker_acquire_ex, fb_breaker_handle, fb_breaker_release, fb_breaker_release_ex,
     fb_breaker_state, fb_breaker_t, fb_info_changed, fb_info_gen, fb_info_new, fb_info_old,
     fb_info_probe)
 from fastbreaker._budget_c cimport RetryBudget, fb_budget_deposit, fb_budget_t, fb_budget_try_take
@@ -61,6 +61,14 @@ def acquire(breaker, int64_t now=-1):
     cdef int64_t permit
     with nogil:
         permit = fb_breaker_acquire(b, now)
+    return permit
+
+
+def acquire_closed(breaker):
+    cdef fb_breaker_t *b = fb_breaker_handle(breaker)
+    cdef int64_t permit
+    with nogil:
+        permit = fb_breaker_acquire_closed(b)
     return permit
 
 
