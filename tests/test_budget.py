@@ -295,16 +295,18 @@ def _c_module() -> Any:
     return _budget_c
 
 
-def hammer_conserves(mod: Any, threads: int = 4) -> tuple[int, int]:
+def hammer_conserves(
+    mod: Any, threads: int = 4, deposits: int = 20_000, ratio_units: int = 100_000
+) -> tuple[int, int]:
     """Deposits, takes and refills from ``threads`` parallel nogil loops; returns (expected
     final units, actual final units). Equal when every CAS is atomic."""
     clock = FakeClock(0)
     # 1 token/s = 1 unit per microsecond: the refill has no rounding, so the books balance exactly.
-    b = mod.RetryBudget(ratio=0.1, capacity=10_000, min_per_sec=1, clock=clock)
+    b = mod.RetryBudget(ratio=ratio_units / UNIT, capacity=10_000, min_per_sec=1, clock=clock)
     for _ in range(10_000):
         b.allow_retry()  # empty the bucket (the clock stands still)
     assert b.tokens == 0.0
-    deposits, takes, step = 20_000, 6_000, 97  # ns between the takes of one thread
+    takes, step = 6_000, 97  # ns between the takes of one thread
     results = [0] * threads
     barrier = threading.Barrier(threads)
 
@@ -318,7 +320,7 @@ def hammer_conserves(mod: Any, threads: int = 4) -> tuple[int, int]:
     for t in pool:
         t.join()
     accrued = ((takes - 1) * step) // 1000  # units: every microsecond credited once
-    expected = threads * deposits * 100_000 + accrued - sum(results) * UNIT
+    expected = threads * deposits * ratio_units + accrued - sum(results) * UNIT
     # Deposits (8,000 tokens) + accrual stay below capacity: no cap, so nothing may be lost.
     return expected, round(b.tokens * UNIT)
 
@@ -388,7 +390,8 @@ def test_c_hammer_catches_a_racy_core(tmp_path: Path) -> None:
         pytest.skip("no C compiler")
     racy = _build_racy(tmp_path)
     for _ in range(20):
-        expected, actual = hammer_conserves(racy)
+        # long loops (400k deposits per thread, 8,000 tokens in all) so that the threads overlap
+        expected, actual = hammer_conserves(racy, deposits=400_000, ratio_units=5_000)
         if actual != expected:
             return
     pytest.fail("the hammer test did not detect the racy compare-and-swap")

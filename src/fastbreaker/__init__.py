@@ -30,6 +30,13 @@ from ._retry import retry, retrying
 
 __version__ = "0.1.0"
 
+
+def get_include() -> str:
+    """The folder with fastbreaker's ``.pxd`` files and C headers: pass it as ``include_dirs``
+    when building an extension that cimports fastbreaker."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
 __all__ = [
     "COMPILED",
     "BreakerError",
@@ -44,6 +51,7 @@ __all__ = [
     "State",
     "current_deadline",
     "deadline",
+    "get_include",
     "retry",
     "retrying",
     "testing",
