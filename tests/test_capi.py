@@ -209,6 +209,15 @@ def test_unknown_outcome_counts_as_failure_and_isolation_rejects(client: Any, C:
 
 # -- the retry budget through the C API -------------------------------------------------------------
 @needs_cc
+def test_budget_handle_accepts_only_compiled_budgets(client: Any) -> None:
+    from fastbreaker import _budget_py
+
+    for wrong in (None, object(), _budget_py.RetryBudget(), fastbreaker.CircuitBreaker()):
+        with pytest.raises(TypeError, match="compiled fastbreaker.RetryBudget"):
+            client.budget_take(wrong)
+
+
+@needs_cc
 def test_budget_take_and_deposit(client: Any) -> None:
     budget = fastbreaker.RetryBudget(ratio=0.5, capacity=2.0, min_per_sec=0.0)
     assert [client.budget_take(budget) for _ in range(3)] == [1, 1, 0]

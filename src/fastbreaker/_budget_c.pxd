@@ -1,12 +1,13 @@
 # cython: language_level=3
 """The C-level API of fastbreaker's RetryBudget, for other Cython extensions.
 
-    from fastbreaker._budget_c cimport RetryBudget, fb_budget_deposit, fb_budget_try_take
+    from fastbreaker._budget_c cimport (fb_budget_t, fb_budget_handle, fb_budget_deposit,
+                                        fb_budget_try_take)
 
-    cdef RetryBudget budget = ...          # keep a reference: the object owns the state
+    cdef fb_budget_t *b = fb_budget_handle(budget)   # keep a reference: the object owns the state
     with nogil:
-        fb_budget_deposit(&budget.state)                 # record_success()
-        if fb_budget_try_take(&budget.state, -1): ...    # allow_retry()
+        fb_budget_deposit(b)                         # record_success()
+        if fb_budget_try_take(b, -1): ...            # allow_retry()
 
 Use the state only through these entry points: its fields may change between releases.
 `now` is monotonic ns, or -1 to read CLOCK_MONOTONIC. A budget built with a Python `clock=`
@@ -23,6 +24,10 @@ ctypedef struct fb_budget_t:
     int64_t capacity     # units
     int64_t rate         # units per second (min_per_sec)
     int use_c_clock
+
+# The budget's C state; raises TypeError if `budget` is not a compiled RetryBudget. Prefer this
+# handle to `&budget.state`: code that only holds the pointer does not depend on the layout.
+cdef fb_budget_t *fb_budget_handle(object budget) except NULL
 
 # record_success(): deposit `ratio` tokens, capped at capacity. Never reads the clock.
 cdef void fb_budget_deposit(fb_budget_t *b) noexcept nogil

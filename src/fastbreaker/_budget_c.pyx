@@ -171,3 +171,9 @@ def _hammer(RetryBudget budget, Py_ssize_t deposits, Py_ssize_t takes, int64_t n
             if i < takes:
                 taken += fb_budget_try_take(b, now + i * step)
     return taken
+
+
+cdef fb_budget_t *fb_budget_handle(object budget) except NULL:
+    if type(budget) is not RetryBudget:
+        raise TypeError(f"expected a compiled fastbreaker.RetryBudget, got {budget!r}")
+    return &(<RetryBudget>budget).state

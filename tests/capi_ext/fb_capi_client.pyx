@@ -17,7 +17,8 @@ from fastbreaker._breaker_c cimport (
     fb_breaker_acquire_closed, fb_breaker_acquire_ex, fb_breaker_handle, fb_breaker_release, fb_breaker_release_ex,
     fb_breaker_state, fb_breaker_t, fb_info_changed, fb_info_gen, fb_info_new, fb_info_old,
     fb_info_probe)
-from fastbreaker._budget_c cimport RetryBudget, fb_budget_deposit, fb_budget_t, fb_budget_try_take
+from fastbreaker._budget_c cimport (RetryBudget, fb_budget_deposit, fb_budget_handle, fb_budget_t,
+                                    fb_budget_try_take)
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -113,16 +114,16 @@ def raw_state(breaker):
     return w & ST_MASK, bool(w & BUSY), (w >> GEN_SHIFT) & GEN_MASK, since
 
 
-def budget_deposit(RetryBudget budget, Py_ssize_t n=1):
-    cdef fb_budget_t *b = &budget.state
+def budget_deposit(budget, Py_ssize_t n=1):
+    cdef fb_budget_t *b = fb_budget_handle(budget)  # the opaque path
     cdef Py_ssize_t i
     with nogil:
         for i in range(n):
             fb_budget_deposit(b)
 
 
-def budget_take(RetryBudget budget, int64_t now=-1):
-    cdef fb_budget_t *b = &budget.state
+def budget_take(budget, int64_t now=-1):
+    cdef fb_budget_t *b = fb_budget_handle(budget)
     cdef int r
     with nogil:
         r = fb_budget_try_take(b, now)
