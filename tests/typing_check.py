@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import assert_type
+from typing_extensions import assert_type  # (typing.assert_type is 3.11+)
 
 import fastbreaker as fb
 
