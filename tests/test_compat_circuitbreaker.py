@@ -495,7 +495,7 @@ async def test_cancelled_trial_is_neither_success_nor_failure(ft: FakeTime) -> N
     @b
     async def slow() -> None:
         started.set()
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # hangs until cancelled
 
     with pytest.raises(ConnectionError):
         b.call(work, "fail")
