@@ -109,31 +109,15 @@ class _Hook:
 # -- the rarely-run steps, shared by both classes -----------------------------------------------
 def _init(
     m: Any,
-    failure_threshold: int = 5,
-    reset_timeout: Duration = 30.0,
-    *,
-    window: int = 0,
-    min_calls: int = 20,
-    failure_rate: float = 0.5,
-    slow_call_duration: Optional[Duration] = None,
-    slow_call_rate: float = 1.0,
-    half_open_max_calls: int = 1,
-    success_threshold: int = 1,
-    max_reset_timeout: Optional[Duration] = None,
-    probe_timeout: Optional[Duration] = None,
-    failure_on: ExcTypes | FailurePredicate = (Exception,),
-    ignore: ExcTypes = (),
+    *args: Any,
     max_open_ratio: float = 1.0,
     max_keys: Optional[int] = None,
-    clock: Optional[Callable[[], int]] = None,
+    **breaker_options: Any,
 ) -> None:
-    options = BreakerOptions(
-        failure_threshold, reset_timeout, window=window, min_calls=min_calls,
-        failure_rate=failure_rate, slow_call_duration=slow_call_duration,
-        slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
-        success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
-        probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore, clock=clock,
-    )
+    if "name" in breaker_options:
+        raise TypeError("BreakerMap takes no name: each key's breaker is named str(key)")
+    # The breaker options are validated (and their names checked) by BreakerOptions.
+    options = BreakerOptions(*args, **breaker_options)
     ratio = check_rate(max_open_ratio, "max_open_ratio")
     if max_keys is not None:
         check_count(max_keys, "max_keys", 1, 2**62)
