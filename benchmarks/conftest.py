@@ -25,9 +25,9 @@ from typing import Any, Optional
 import pytest
 
 import fastbreaker
-from fastbreaker import _breaker_py, _budget_py, _map
 
-IMPLS = ["python"] if os.environ.get("FASTBREAKER_NO_EXTENSIONS") else ["c", "python"]
+NAMESPACES = fastbreaker.testing.implementations()
+IMPLS = list(NAMESPACES)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Module]:
@@ -38,26 +38,6 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[p
     if any(fnmatch.fnmatch(file_path.name, pat) for pat in parent.config.getini("python_files")):
         return None  # the configured pattern covers it already
     return pytest.Module.from_parent(parent, path=file_path)
-
-
-def _namespace(name: str) -> types.SimpleNamespace:
-    ns = types.SimpleNamespace(**{k: getattr(fastbreaker, k) for k in fastbreaker.__all__})
-    breaker_mod: types.ModuleType
-    budget_mod: types.ModuleType
-    if name == "c":
-        from fastbreaker import _breaker_c, _budget_c
-
-        breaker_mod, budget_mod = _breaker_c, _budget_c
-    else:
-        breaker_mod, budget_mod = _breaker_py, _budget_py
-    ns.impl = name
-    ns.CircuitBreaker = breaker_mod.CircuitBreaker
-    ns.RetryBudget = budget_mod.RetryBudget
-    ns.BreakerMap = _map.map_class(breaker_mod)
-    return ns
-
-
-NAMESPACES = {name: _namespace(name) for name in IMPLS}
 
 
 @pytest.fixture(params=IMPLS)

@@ -8,34 +8,14 @@ instead of importing ``fastbreaker`` directly, so it runs on both. With
 
 from __future__ import annotations
 
-import os
 import types
 
 import pytest
 
 import fastbreaker
-from fastbreaker import _breaker_py, _budget_py, _map
 
-IMPLS = ["python"] if os.environ.get("FASTBREAKER_NO_EXTENSIONS") else ["c", "python"]
-
-
-def _namespace(name: str) -> types.SimpleNamespace:
-    ns = types.SimpleNamespace(**{k: getattr(fastbreaker, k) for k in fastbreaker.__all__})
-    if name == "c":
-        from fastbreaker import _breaker_c, _budget_c
-
-        breaker_mod, budget_mod = _breaker_c, _budget_c
-    else:
-        breaker_mod, budget_mod = _breaker_py, _budget_py
-    ns.impl = name
-    ns.CircuitBreaker = breaker_mod.CircuitBreaker
-    ns.Metrics = breaker_mod.Metrics
-    ns.RetryBudget = budget_mod.RetryBudget
-    ns.BreakerMap = _map.map_class(breaker_mod)
-    return ns
-
-
-NAMESPACES = {name: _namespace(name) for name in IMPLS}
+NAMESPACES = fastbreaker.testing.implementations()
+IMPLS = list(NAMESPACES)
 
 
 @pytest.fixture(params=IMPLS)

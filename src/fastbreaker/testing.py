@@ -1,15 +1,18 @@
-"""Helpers for testing code that uses fastbreaker: a fake clock and a no-sleep retry mode."""
+"""Helpers for testing code that uses fastbreaker: a fake clock, a no-sleep retry mode, and the
+API bound to each core (to run one test suite on both)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import threading
+import types
 from collections.abc import Iterator
 
 from . import _retry
 
-__all__ = ["FakeClock", "instant_retries"]
+__all__ = ["FakeClock", "implementations", "instant_retries"]
 
 
 class FakeClock:
@@ -65,3 +68,32 @@ def instant_retries() -> Iterator[list[float]]:
             if active is record:
                 del _retry._instant[i]
                 break
+
+
+def implementations() -> dict[str, types.SimpleNamespace]:
+    """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
+
+    Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
+    ``RetryBudget`` and ``BreakerMap`` taken from that core, and ``impl`` naming it. With
+    ``FASTBREAKER_NO_EXTENSIONS`` set there is only ``"python"``.
+    """
+    import fastbreaker
+
+    from . import _breaker_py, _budget_py, _map
+
+    cores: dict[str, tuple[types.ModuleType, types.ModuleType]] = {}
+    if not os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
+        from . import _breaker_c, _budget_c
+
+        cores["c"] = (_breaker_c, _budget_c)
+    cores["python"] = (_breaker_py, _budget_py)
+    out = {}
+    for name, (breaker_mod, budget_mod) in cores.items():
+        ns = types.SimpleNamespace(**{k: getattr(fastbreaker, k) for k in fastbreaker.__all__})
+        ns.impl = name
+        ns.CircuitBreaker = breaker_mod.CircuitBreaker
+        ns.Metrics = breaker_mod.Metrics
+        ns.RetryBudget = budget_mod.RetryBudget
+        ns.BreakerMap = _map.map_class(breaker_mod)
+        out[name] = ns
+    return out
