@@ -285,12 +285,6 @@ def _floor() -> tuple[Optional[System], str]:
         return None, f"the floor helper is not built ({exc})"
     from . import __version__
 
-    def build_hosts(hosts: list[str]) -> dict[str, Any]:
-        d = {h: Floor() for h in hosts}
-        for h in hosts:
-            d[h].call(f)
-        return {"d": d}
-
     return System(
         key="floor",
         label="floor (empty Cython method)",
@@ -302,9 +296,21 @@ def _floor() -> tuple[Optional[System], str]:
             "allow_ns": "Floor().allow(): return True",
             "hosts_call_ns": "d[host].call(f) on a dict of Floor objects",
         },
-        build_hosts=build_hosts,
+        build_hosts=_dict_of(Floor),
         hosts_stmt="d[h].call(f)",
     ), ""
+
+
+def _dict_of(make: Callable[[], Any]) -> Callable[[list[str]], dict[str, Any]]:
+    """``build_hosts`` for a peer kept as a dict of breakers, one ``make()`` per host."""
+
+    def build_hosts(hosts: list[str]) -> dict[str, Any]:
+        d = {h: make() for h in hosts}
+        for h in hosts:
+            d[h].call(f)
+        return {"d": d}
+
+    return build_hosts
 
 
 def _pybreaker() -> tuple[Optional[System], str]:
@@ -320,12 +326,6 @@ def _pybreaker() -> tuple[Optional[System], str]:
     error = pybreaker.CircuitBreakerError
     _expect_raises(lambda: open_cb.call(f), error, "pybreaker call() while open")
 
-    def build_hosts(hosts: list[str]) -> dict[str, Any]:
-        d = {h: make() for h in hosts}
-        for h in hosts:
-            d[h].call(f)
-        return {"d": d}
-
     return System(
         key="pybreaker",
         label="pybreaker",
@@ -338,7 +338,7 @@ def _pybreaker() -> tuple[Optional[System], str]:
             "async_ns": "n/a: pybreaker's call_async needs Tornado",
             "hosts_call_ns": "d[host].call(f) on a dict of CircuitBreaker",
         },
-        build_hosts=build_hosts,
+        build_hosts=_dict_of(make),
         hosts_stmt="d[h].call(f)",
     ), ""
 
@@ -404,12 +404,6 @@ def _aiobreaker() -> tuple[Optional[System], str]:
     error = aiobreaker.CircuitBreakerError
     _expect_raises(lambda: open_cb.call(f), error, "aiobreaker call() while open")
 
-    def build_hosts(hosts: list[str]) -> dict[str, Any]:
-        d = {h: make() for h in hosts}
-        for h in hosts:
-            d[h].call(f)
-        return {"d": d}
-
     return System(
         key="aiobreaker",
         label="aiobreaker",
@@ -426,7 +420,7 @@ def _aiobreaker() -> tuple[Optional[System], str]:
             "async_ns": "await cb.call_async(af)",
             "hosts_call_ns": "d[host].call(f) on a dict of CircuitBreaker",
         },
-        build_hosts=build_hosts,
+        build_hosts=_dict_of(make),
         hosts_stmt="d[h].call(f)",
     ), ""
 
