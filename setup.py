@@ -27,9 +27,15 @@ def extensions():
         )
         for name in MODULES
     ]
-    directives = {"language_level": "3"}
-    if DEBUG:
-        directives.update(boundscheck=True, wraparound=True, initializedcheck=True)
+    # The speed directives live here, not in the .pyx headers (a header would override them), so
+    # that FASTBREAKER_DEBUG=1 really switches the checks on in every module.
+    directives = {
+        "language_level": "3",
+        "boundscheck": DEBUG,
+        "wraparound": DEBUG,
+        "initializedcheck": DEBUG,
+        "cdivision": not DEBUG,
+    }
     return cythonize(exts, compiler_directives=directives)
 
 

@@ -1,5 +1,4 @@
 # cython: language_level=3, freethreading_compatible=True
-# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled circuit breaker core: the state machine of ``_breaker_py.py`` over C atomics.
 
 ``_breaker_py.py`` is the specification; comments here are about C concerns only.
