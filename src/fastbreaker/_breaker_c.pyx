@@ -51,7 +51,7 @@ cdef extern from "_fb_breaker.h" nogil:
         int64_t agg, head
         int64_t slots[1]
     ctypedef struct core_t "fb_breaker_t":
-        int64_t word, since_ns, consec
+        int64_t word, gen_hi, since_ns, consec
         window_t *win
         config_t *cfg
         int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened
@@ -75,6 +75,7 @@ cdef enum:
     FIELD16 = 0xFFFF
     LVL_MASK = 63
     MAX_LEVEL = 40
+    GEN_BITS = 22
     GEN_MASK = 0x3FFFFF
     CONSEC_SHIFT = 40
     AGG_BITS = 21
@@ -96,6 +97,15 @@ cdef inline int64_t make_word(int state, int64_t gen, int64_t inflight, int64_t 
 cdef inline int64_t w_gen(int64_t w) noexcept nogil:
     return (w >> GEN_SHIFT) & GEN_MASK
 
+# The word holds the generation's low 22 bits; gen_hi holds the rest. A permit is the full
+# generation (the number of transitions so far, as in the twin), so an outcome that comes back
+# after 2**22 transitions is still recognised as stale. gen_hi is written only by the claimer of
+# a transition, before the release store that publishes the word, and read after an acquire load
+# of the word: a reader never pairs a new word with an old gen_hi. (It can pair an old word with
+# a newer gen_hi; that permit matches no generation, and rightly, since a transition happened.)
+cdef inline int64_t full_gen(core_t *b, int64_t w) noexcept nogil:
+    return (fb_load_rlx(&b.gen_hi) << GEN_BITS) | w_gen(w)
+
 cdef inline int64_t w_inflight(int64_t w) noexcept nogil:
     return (w >> INFL_SHIFT) & FIELD16
 
@@ -105,16 +115,20 @@ cdef inline int64_t w_ok(int64_t w) noexcept nogil:
 cdef inline int64_t w_level(int64_t w) noexcept nogil:
     return (w >> LVL_SHIFT) & LVL_MASK
 
+# Options that Config.reconfigure() may rewrite in place are read with atomic loads.
+cdef inline int64_t opt(int64_t *field) noexcept nogil:
+    return fb_load_rlx(field)
+
 cdef inline int64_t open_period(config_t *c, int64_t level) noexcept nogil:
-    cdef int64_t p
-    if c.max_reset_ns == 0:
-        return c.reset_ns
+    cdef int64_t p, reset_ns = opt(&c.reset_ns), max_ns = opt(&c.max_reset_ns)
+    if max_ns == 0:
+        return reset_ns
     if level > MAX_LEVEL:
         level = MAX_LEVEL
-    if c.reset_ns > (c.max_reset_ns >> level):
-        return c.max_reset_ns
-    p = c.reset_ns << level
-    return p if p < c.max_reset_ns else c.max_reset_ns
+    if reset_ns > (max_ns >> level):
+        return max_ns
+    p = reset_ns << level
+    return p if p < max_ns else max_ns
 
 cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
     if now >= 0:
@@ -122,6 +136,18 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
     if cfg_of(b).use_c_clock:
         return fb_monotonic_ns()
     return -1
+
+# Every transition ends here: the claimer of word `w` (BUSY set by its CAS) has written what the
+# new state needs (trip time, cleared window); the release store makes it visible. Returns the
+# new full generation.
+cdef inline int64_t publish(core_t *b, int64_t w, int state, int64_t inflight, int64_t ok,
+                            int64_t level) noexcept nogil:
+    cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.gen_hi)
+    if gen == 0:
+        hi += 1
+        fb_store_rlx(&b.gen_hi, hi)
+    fb_store_rel(&b.word, make_word(state, gen, inflight, ok, level))
+    return (hi << GEN_BITS) | gen
 
 # Claim the word for a manual transition (spins only while another claim is in progress).
 cdef inline int64_t claim(core_t *b) noexcept nogil:
@@ -162,7 +188,7 @@ cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
     cdef int64_t w = fb_load_acq(&b.word)
     if (w & (ST_MASK | BUSY)) == S_CLOSED:
         fb_add(&b.permitted, 1)
-        return w_gen(w)
+        return full_gen(b, w)
     return acquire_slow(b, now, trans)
 
 cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
@@ -177,7 +203,7 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
         gen = w_gen(w)
         if st == S_CLOSED:
             fb_add(&b.permitted, 1)
-            return gen
+            return full_gen(b, w)
         now = resolve_now(b, now)
         if now < 0:
             return FB_NEED_CLOCK_
@@ -188,28 +214,28 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
             fb_store_rlx(&b.since_ns, now)
-            fb_store_rel(&b.word, make_word(S_HALF_OPEN, gen + 1, 1, 0, w_level(w)))
+            gen = publish(b, w, S_HALF_OPEN, 1, 0, w_level(w))
             fb_add(&b.permitted, 1)
-            trans[0] = trans_code(S_OPEN, S_HALF_OPEN, gen + 1)
-            return (gen + 1) & GEN_MASK
+            trans[0] = trans_code(S_OPEN, S_HALF_OPEN, gen)
+            return gen
         # HALF_OPEN
         inflight = w_inflight(w)
-        if inflight and now - since >= c.probe_timeout_ns:
+        if inflight and now - since >= opt(&c.probe_timeout_ns):
             # every outstanding probe counts as failed: re-open with backoff
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
             fb_store_rlx(&b.since_ns, now)
             fb_add(&b.opened, 1)
-            fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, min_level(w_level(w) + 1)))
-            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen + 1)
+            gen = publish(b, w, S_OPEN, 0, 0, min_level(w_level(w) + 1))
+            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen)
             break
-        if inflight >= c.half_open_max:
+        if inflight >= opt(&c.half_open_max):
             break
         fb_max(&b.since_ns, now)
         if fb_cas(&b.word, &w, w + ((<int64_t>1) << INFL_SHIFT)):
             fb_add(&b.permitted, 1)
             trans[0] = trans_code(S_HALF_OPEN, S_HALF_OPEN, gen)
-            return gen
+            return full_gen(b, w)
     fb_add(&b.rejected, 1)
     return FB_REJECTED_
 
@@ -223,11 +249,11 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
     while True:
         st = w & ST_MASK
         gen = w_gen(w)
-        if permit != gen or (w & BUSY) or st == S_OPEN or st == S_ISOLATED:
+        if permit != full_gen(b, w) or (w & BUSY) or st == S_OPEN or st == S_ISOLATED:
             fb_add(&b.stale, 1)
             return 0
         if st == S_CLOSED:
-            return release_closed(b, gen, outcome, now, trans)
+            return release_closed(b, permit, outcome, now, trans)
         # HALF_OPEN: a probe reports
         if w_inflight(w) == 0:
             fb_add(&b.stale, 1)
@@ -250,27 +276,27 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
                 fb_add(&b.slow_calls, 1)
             fb_store_rlx(&b.since_ns, now)
             fb_add(&b.opened, 1)
-            fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, min_level(w_level(w) + 1)))
-            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen + 1)
+            gen = publish(b, w, S_OPEN, 0, 0, min_level(w_level(w) + 1))
+            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen)
             return 0
         ok = w_ok(w) + 1
-        if ok >= c.success_threshold:
+        if ok >= opt(&c.success_threshold):
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
             fb_add(&b.successes, 1)
             clear_window(b, gen + 1)
             group_open_add(b, -1)
-            fb_store_rel(&b.word, make_word(S_CLOSED, gen + 1, 0, 0, 0))
-            trans[0] = trans_code(S_HALF_OPEN, S_CLOSED, gen + 1)
+            gen = publish(b, w, S_CLOSED, 0, 0, 0)
+            trans[0] = trans_code(S_HALF_OPEN, S_CLOSED, gen)
             return 0
         if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
             fb_add(&b.successes, 1)
             return 0
 
-cdef inline int release_closed(core_t *b, int64_t gen, int outcome, int64_t now, int *trans) noexcept nogil:
+cdef inline int release_closed(core_t *b, int64_t permit, int outcome, int64_t now, int *trans) noexcept nogil:
     cdef config_t *c = cfg_of(b)
     cdef bint failed, slow, trip = False
-    cdef int64_t cur, count, tag
+    cdef int64_t cur, count, tag, gen = permit & GEN_MASK
     if outcome == FB_NEUTRAL:
         fb_add(&b.ignored, 1)
         return 0
@@ -296,14 +322,14 @@ cdef inline int release_closed(core_t *b, int64_t gen, int outcome, int64_t now,
                 break
             if fb_cas_strong(&b.consec, &cur, tag | count):
                 break
-        if b.win == NULL and count >= c.failure_threshold:
+        if b.win == NULL and count >= opt(&c.failure_threshold):
             trip = True
     elif (cur >> CONSEC_SHIFT) == gen and (cur & CONSEC_MASK) != 0:
         fb_cas_strong(&b.consec, &cur, tag)
     if b.win != NULL:
         trip = window_record(b, 2 if failed else (3 if slow else 1))
     if trip:
-        return trip_auto(b, gen, now, trans)
+        return trip_auto(b, permit, now, trans)
     return 0
 
 cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
@@ -327,7 +353,7 @@ cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
     # a writer delayed across a whole close cycle can leave the counts off by one: clamp
     if rec > c.window:
         rec = c.window
-    if rec < c.min_calls or rec <= 0:
+    if rec < opt(&c.min_calls) or rec <= 0:
         return False
     if fail > rec:
         fail = rec
@@ -337,15 +363,15 @@ cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
         return True
     return c.slow_ns != 0 and <double>slow / <double>rec >= c.slow_rate
 
-cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nogil:
-    """CLOSED(gen) -> OPEN after an outcome crossed the threshold; NEED_TRIP without a time."""
-    cdef int64_t w, cur
+cdef int trip_auto(core_t *b, int64_t permit, int64_t now, int *trans) noexcept nogil:
+    """CLOSED(permit) -> OPEN after an outcome crossed the threshold; NEED_TRIP without a time."""
+    cdef int64_t w, cur, gen
     cdef group_t *g = cfg_of(b).group
     now = resolve_now(b, now)
     if now < 0:
         return NEED_TRIP
     w = fb_load_acq(&b.word)
-    if w != make_word(S_CLOSED, gen, 0, 0, 0):
+    if w != make_word(S_CLOSED, permit, 0, 0, 0) or full_gen(b, w) != permit:
         return 0
     if g != NULL:
         # reserve a place among the non-CLOSED breakers, or suppress the trip
@@ -367,8 +393,8 @@ cdef int trip_auto(core_t *b, int64_t gen, int64_t now, int *trans) noexcept nog
         group_open_add(b, 1)
     fb_store_rlx(&b.since_ns, now)
     fb_add(&b.opened, 1)
-    fb_store_rel(&b.word, make_word(S_OPEN, gen + 1, 0, 0, 0))
-    trans[0] = trans_code(S_CLOSED, S_OPEN, gen + 1)
+    gen = publish(b, w, S_OPEN, 0, 0, 0)
+    trans[0] = trans_code(S_CLOSED, S_OPEN, gen)
     return 0
 
 cdef inline int64_t max_open(group_t *g) noexcept nogil:
@@ -380,7 +406,7 @@ cdef inline int64_t raw_permit(core_t *b) noexcept nogil:
     cdef int64_t w = fb_load_acq(&b.word)
     cdef int st = w & ST_MASK
     if st == S_CLOSED or (st == S_HALF_OPEN and w_inflight(w)):
-        return w_gen(w)
+        return full_gen(b, w)
     return -1
 
 # -- manual transitions --------------------------------------------------------------------------
@@ -401,13 +427,13 @@ cdef int manual(core_t *b, int target, int64_t now) noexcept nogil:
     elif target == S_CLOSED:
         clear_window(b, gen + 1)
         level = 0
-    fb_store_rel(&b.word, make_word(target, gen + 1, 0, 0, level))
-    return trans_code(old, target, gen + 1)
+    return trans_code(old, target, publish(b, w, target, 0, 0, level))
 
 # -- the C API (see _breaker_c.pxd) -----------------------------------------------------------------
 cdef fb_breaker_t *fb_breaker_handle(object breaker) except NULL:
     if type(breaker) is not CircuitBreaker:
         raise TypeError(f"expected a compiled fastbreaker.CircuitBreaker, got {breaker!r}")
+    live(<CircuitBreaker>breaker)
     return <fb_breaker_t *>&(<CircuitBreaker>breaker).st
 
 cdef int64_t fb_breaker_acquire(fb_breaker_t *b, int64_t now) noexcept nogil:
@@ -419,7 +445,7 @@ cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil:
     cdef int64_t w = fb_load_acq(&c.word)
     if (w & (ST_MASK | BUSY)) == S_CLOSED:
         fb_add(&c.permitted, 1)
-        return w_gen(w)
+        return full_gen(c, w)
     return FB_REJECTED_
 
 cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil:
@@ -480,8 +506,15 @@ cdef class Group:
 
 
 @cython.final
+@cython.no_gc_clear
 cdef class Config:
-    """Options plus what a BreakerMap shares with its breakers (group and state-change hook)."""
+    """Options plus what a BreakerMap shares with its breakers (group and state-change hook).
+
+    Traversed by the cycle GC (its listeners, hook and options may refer back to the owner of a
+    breaker) but never cleared by it: breakers in a garbage cycle may still run while the cycle
+    is being broken, and they read ``c`` and ``c.group`` from C. The cycle is broken in the
+    listener list, the hook or the options instead.
+    """
 
     cdef config_t c
     cdef public object options
@@ -489,10 +522,17 @@ cdef class Config:
     cdef public object hook
     cdef public list listeners
     cdef public bint shared
-    cdef public object retired  # the config this one replaced on some breaker (kept alive)
+    cdef public list retired  # configs this one replaced on some breaker (see _set_config)
 
     def __init__(self, options, group=None, hook=None):
+        if self.c.owner != NULL:
+            raise RuntimeError("Config.__init__ called twice")
+        if not isinstance(options, BreakerOptions):
+            raise TypeError(f"options must be a BreakerOptions, got {options!r}")
+        if group is not None and not isinstance(group, Group):
+            raise TypeError(f"group must be a compiled Group or None, got {group!r}")
         self.options = options
+        self.retired = []
         self.group = group
         self.hook = hook
         # Only ever appended to, never replaced: a thread firing callbacks can read it while
@@ -520,25 +560,57 @@ cdef class Config:
         other.listeners = list(self.listeners)
         return other
 
+    def reconfigure(self, options):
+        """Adopt new option values in place (compat: ``breaker.fail_max = n``).
+
+        Only the thresholds and durations may change: the window size, the rates, the
+        exception classification and the clock stay. The C fields are rewritten with atomic
+        stores and read with atomic loads, so a call in flight sees each field either before or
+        after (never a torn value), and no config is replaced: nothing is retired, nothing grows.
+        """
+        if self.shared:
+            raise ValueError("a config shared by a BreakerMap cannot be reconfigured")
+        self.options.check_reconfigure(options)
+        fb_store_rlx(&self.c.failure_threshold, options.failure_threshold)
+        fb_store_rlx(&self.c.min_calls, options.min_calls)
+        fb_store_rlx(&self.c.half_open_max, options.half_open_max_calls)
+        fb_store_rlx(&self.c.success_threshold, options.success_threshold)
+        fb_store_rlx(&self.c.reset_ns, options.reset_ns)
+        fb_store_rlx(&self.c.max_reset_ns, options.max_reset_ns)
+        fb_store_rlx(&self.c.probe_timeout_ns, options.probe_timeout_ns)
+        self.options.update_from(options)
+
 
 _CLOSED, _OPEN, _HALF_OPEN, _ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
 _STATES = (_CLOSED, _OPEN, _HALF_OPEN, _ISOLATED)
 
 
 @cython.final
-@cython.no_gc
+@cython.no_gc_clear
 cdef class CircuitBreaker:
     """A circuit breaker whose hot path is lock-free C (see the README for every option)."""
 
     cdef core_t st
     cdef readonly object _label
+    cdef object __weakref__
+
+    # The object owns one reference to the Config its C state points at (st.cfg.owner). The
+    # cycle GC sees it through the traverse function installed below the class, not through a
+    # Python field: the pointer must be swapped atomically, which a Python field is not. The
+    # breaker is never cleared by the GC (no_gc_clear): a cycle through it is broken in its
+    # config's listeners, hook or options, so a breaker stays usable until it is freed.
+
+    def __cinit__(self, *args, **kwargs):
+        # Until __init__ (or _from_config) has run, the busy bit sends every path to a check
+        # that raises; a CLOSED fast path would otherwise admit a call into a NULL config.
+        self.st.word = BUSY
 
     def __init__(self, failure_threshold=5, reset_timeout=30.0, *, window=0, min_calls=20,
                  failure_rate=0.5, slow_call_duration=None, slow_call_rate=1.0,
                  half_open_max_calls=1, success_threshold=1, max_reset_timeout=None,
                  probe_timeout=None, failure_on=(Exception,), ignore=(), name=None, clock=None):
         if cfg_of(&self.st) != NULL:
-            raise RuntimeError("CircuitBreaker.__init__ called twice")
+            raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
         options = BreakerOptions(
             failure_threshold, reset_timeout, window=window, min_calls=min_calls,
             failure_rate=failure_rate, slow_call_duration=slow_call_duration,
@@ -551,42 +623,65 @@ cdef class CircuitBreaker:
         setup(self, Config(options), name)
 
     @classmethod
-    def _from_config(cls, Config config, label):
+    def _from_config(cls, Config config not None, label):
         """A breaker sharing ``config`` (BreakerMap); ``name`` is ``str(label)``."""
         cdef CircuitBreaker self = CircuitBreaker.__new__(CircuitBreaker)
         setup(self, config, label)
         return self
 
     def __dealloc__(self):
+        cdef config_t *c = cfg_of(&self.st)
         if self.st.win != NULL:
             PyMem_Free(self.st.win)
             self.st.win = NULL
-        if cfg_of(&self.st) != NULL:
-            Py_DECREF(<object>cfg_of(&self.st).owner)
+        if c != NULL:
             fb_store_ptr(<void **>&self.st.cfg, NULL)
+            Py_DECREF(<object>c.owner)
+
+    def __copy__(self):
+        raise _not_copyable(self)
+
+    def __deepcopy__(self, memo):
+        raise _not_copyable(self)
+
+    def __reduce_ex__(self, protocol):
+        raise _not_copyable(self)
 
     @property
     def _config(self):
-        return <object>cfg_of(&self.st).owner
+        return <object>live(self).owner
 
-    def _set_config(self, Config config):
-        """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
-        cdef config_t *old = cfg_of(&self.st)
+    def _set_config(self, Config config not None):
+        """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker).
+
+        Safe reclamation: a thread may have loaded the old config pointer just before the swap
+        and still be reading it, so the old config cannot be freed now. The new config keeps a
+        reference to it (``retired``), which lives exactly as long as any breaker can reach the
+        new one, hence as long as the breaker that was reading the old one. That chain stays
+        bounded, because a config only ever retires one kind of predecessor: a map's detached
+        config retires the map's shared config (once, not once per dropped breaker), a private
+        copy retires the config it was copied from; options change in place
+        (``Config.reconfigure``), never by a swap.
+        """
+        cdef config_t *old = live(self)
+        cdef object old_owner = <object>old.owner
+        if config is old_owner:
+            return
         if config.c.window != old.window:
             raise ValueError("a breaker's window size cannot change")
-        # Another thread may still be reading the old config: it stays alive with the new one.
-        if config.retired is None:
-            config.retired = <object>old.owner
-        else:
-            config.retired = (config.retired, <object>old.owner)
+        if config.options is None:
+            raise ValueError("config was never initialised")
+        if not any(r is old_owner for r in config.retired):
+            config.retired.append(old_owner)
         Py_INCREF(config)
         fb_store_ptr(<void **>&self.st.cfg, &config.c)
-        Py_DECREF(<object>old.owner)
+        Py_DECREF(old_owner)  # the reference the breaker held; `retired` holds another
 
-    def _swap_config_if_closed(self, Config config):
+    def _swap_config_if_closed(self, Config config not None):
         """Swap in ``config`` only while CLOSED, with no transition in between (a BreakerMap
         dropping a breaker). The swap happens under a claim of the state word, so a trip either
         sees the old config throughout or the new one. Returns whether it swapped."""
+        live(self)
         cdef int64_t w = fb_load_acq(&self.st.word)
         while True:
             if (w & (ST_MASK | BUSY)) != S_CLOSED:
@@ -642,6 +737,7 @@ cdef class CircuitBreaker:
         """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
+        live(self)
         return guarded_call(self, fn, args, kwargs)
 
     def call_async(self, fn, /, *args, **kwargs):
@@ -650,6 +746,7 @@ cdef class CircuitBreaker:
 
     def __call__(self, fn):
         """``@breaker``: guard a sync or async function (its signature is kept)."""
+        live(self)
         if not callable(fn) or _iscoroutinefunction(fn):
             return _calls.decorate(self, fn)
         return guard(self, fn)
@@ -689,35 +786,41 @@ cdef class CircuitBreaker:
     # -- manual control --------------------------------------------------------------------------
     def trip(self):
         """Force OPEN now (a fresh open period; lazy recovery follows). No effect when ISOLATED."""
-        cdef int trans = manual(&self.st, S_OPEN, now_of(self))
+        cdef int trans = manual(&self.st, S_OPEN, now_of(self))  # now_of: live() first
         if trans:
             fire(self, trans)
 
     def isolate(self):
         """Reject every call until ``reset()``."""
+        live(self)
         fire(self, manual(&self.st, S_ISOLATED, 0))
 
     def reset(self):
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
+        live(self)
         fire(self, manual(&self.st, S_CLOSED, 0))
 
     # -- inspection --------------------------------------------------------------------------------
     @property
     def state(self):
         """The stored state (reading it never makes a transition)."""
+        live(self)
         return _STATES[fb_load_acq(&self.st.word) & ST_MASK]
 
     @property
     def name(self):
+        live(self)
         return None if self._label is None else str(self._label)
 
     @property
     def retry_after(self):
         """Seconds until a probe may pass: OPEN, the rest of the open period; ISOLATED, inf."""
+        live(self)
         return retry_after_of(self, fb_load_acq(&self.st.word))
 
     def metrics(self):
         """An immutable snapshot of the counters."""
+        live(self)
         cdef int64_t w = fb_load_acq(&self.st.word)
         cdef int64_t cur = fb_load_rlx(&self.st.consec), agg, rec = 0, fail = 0, slow = 0
         cdef bint closed = (w & ST_MASK) == S_CLOSED
@@ -748,6 +851,7 @@ cdef class CircuitBreaker:
         cdef Config config
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
+        live(self)
         with _listener_lock:
             config = <Config>cfg_of(&self.st).owner
             if config.shared:
@@ -757,12 +861,16 @@ cdef class CircuitBreaker:
         return callback
 
     def __repr__(self):
+        if cfg_of(&self.st) == NULL:
+            return "<CircuitBreaker (not initialised)>"
         return f"<CircuitBreaker name={self.name!r} state={self.state.name}>"
 
 
 # -- the Python-level steps shared by the methods above -------------------------------------------
 cdef setup(CircuitBreaker self, Config config, label):
     cdef int64_t n = config.c.window
+    if config.options is None:
+        raise ValueError("config was never initialised")
     if n:
         self.st.win = <window_t *>PyMem_Calloc(1, sizeof(window_t) + ((n + 31) >> 5) * sizeof(int64_t))
         if self.st.win == NULL:
@@ -771,6 +879,15 @@ cdef setup(CircuitBreaker self, Config config, label):
     Py_INCREF(config)
     fb_store_ptr(<void **>&self.st.cfg, &config.c)
     self._label = label
+    fb_store_rel(&self.st.word, 0)  # CLOSED, generation 0: usable from here on
+
+cdef inline config_t *live(CircuitBreaker self) except NULL:
+    """The breaker's config, or RuntimeError for an object whose __init__ never ran."""
+    cdef config_t *c = cfg_of(&self.st)
+    if c == NULL:
+        raise RuntimeError(
+            "this CircuitBreaker was never initialised (made with __new__ without __init__)")
+    return c
 
 cdef object fire(CircuitBreaker self, int trans):
     cdef Config config
@@ -781,11 +898,10 @@ cdef object fire(CircuitBreaker self, int trans):
     _calls.fire(self, tuple(config.listeners), config.hook, _STATES[old], _STATES[new])
 
 cdef inline int64_t now_of(CircuitBreaker self) except? -1:
-    cdef object clock
-    if cfg_of(&self.st).use_c_clock:
+    cdef config_t *c = live(self)
+    if c.use_c_clock:
         return fb_monotonic_ns()
-    clock = (<Config>cfg_of(&self.st).owner).options.clock
-    return clock()
+    return _read_clock((<Config>c.owner).options.clock)
 
 cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
     cdef int64_t since = fb_load_rlx(&self.st.since_ns), left
@@ -798,6 +914,7 @@ cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
     return (left if left > 0 else 0) / 1e9
 
 cdef object open_error(CircuitBreaker self):
+    live(self)
     cdef int64_t w = fb_load_acq(&self.st.word)
     label = self._label
     return CircuitOpenError(None if label is None else str(label), _STATES[w & ST_MASK],
@@ -842,6 +959,7 @@ cdef object guard(CircuitBreaker breaker, fn):
 
 cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
     cdef int trans = 0
+    live(self)
     cdef int64_t permit = acquire(&self.st, -1, &trans)
     if permit == FB_NEED_CLOCK_:
         permit = acquire(&self.st, now_of(self), &trans)
@@ -851,7 +969,13 @@ cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
 
 cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
     cdef int trans = 0
-    cdef int r = release(&self.st, permit, outcome, -1, &trans)
+    cdef int r
+    cdef int64_t now = -1
+    # A Python clock is read before anything is recorded when the outcome may need the time (it
+    # can trip or re-open), so that a clock that raises or returns garbage loses nothing.
+    if not live(self).use_c_clock and outcome != FB_NEUTRAL and (outcome != FB_SUCCESS or self.st.win != NULL):
+        now = now_of(self)
+    r = release(&self.st, permit, outcome, now, &trans)
     if r == FB_NEED_CLOCK_:
         r = release(&self.st, permit, outcome, now_of(self), &trans)
     if r == NEED_TRIP:
@@ -862,6 +986,41 @@ cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
 
 import threading
 _listener_lock = threading.Lock()
+from ._durations import read_clock as _read_clock
+from ._errors import not_copyable as _not_copyable
+
+
+# -- the cycle GC sees a breaker's config --------------------------------------------------------
+cdef extern from *:
+    """
+    /* A breaker refers to its Config through st.cfg->owner, a pointer the C core swaps
+       atomically, so Cython's generated traverse (which visits _label) cannot see it. This one
+       visits it too. It reads the pointer only: no reference counting during a collection. */
+    static Py_ssize_t fb_st_offset;
+    static traverseproc fb_base_traverse;
+    static int fb_breaker_traverse(PyObject *o, visitproc visit, void *arg) {
+        fb_breaker_t *st = (fb_breaker_t *)((char *)o + fb_st_offset);
+        fb_config_t *c = (fb_config_t *)fb_load_ptr((void **)&st->cfg);
+        if (c != NULL && c->owner != NULL) {
+            Py_VISIT((PyObject *)c->owner);
+        }
+        return fb_base_traverse ? fb_base_traverse(o, visit, arg) : 0;
+    }
+    static void fb_install_traverse(PyObject *type, Py_ssize_t offset) {
+        PyTypeObject *t = (PyTypeObject *)type;
+        fb_st_offset = offset;
+        fb_base_traverse = t->tp_traverse;
+        t->tp_traverse = fb_breaker_traverse;
+    }
+    """
+    void fb_install_traverse(PyObject *t, Py_ssize_t offset)
+
+cdef _install_traverse():
+    cdef CircuitBreaker probe = CircuitBreaker.__new__(CircuitBreaker)
+    fb_install_traverse(<PyObject *>CircuitBreaker,
+                        <Py_ssize_t>(<char *>&probe.st - <char *><PyObject *>probe))
+
+_install_traverse()
 from functools import update_wrapper as _update_wrapper
 from inspect import iscoroutinefunction as _iscoroutinefunction
 _active_get = _calls._active.get

@@ -19,7 +19,8 @@ from time import monotonic_ns as _monotonic_ns
 from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar
 
 from . import _calls
-from ._errors import CircuitOpenError, State
+from ._durations import read_clock
+from ._errors import CircuitOpenError, State, not_copyable
 from ._metrics import Metrics
 from ._options import (
     OUT_FAILURE,
@@ -85,7 +86,7 @@ class Config:
     BreakerMap) gets a private copy when its first callback is registered.
     """
 
-    __slots__ = ("options", "group", "hook", "listeners", "shared")
+    __slots__ = ("options", "group", "hook", "listeners", "shared", "retired")
 
     def __init__(
         self,
@@ -99,12 +100,27 @@ class Config:
         # Only ever appended to, never replaced (see the compiled core).
         self.listeners: list[Callable[..., Any]] = []
         self.shared = False
+        # Configs this one replaced on some breaker. The twin needs no safe reclamation (Python
+        # references keep a config alive while it is read); it keeps the same list as the
+        # compiled core so that both hold the same objects.
+        self.retired: list[Config] = []
 
     def copy(self, *, keep_group: bool = True) -> "Config":
         """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
         other = Config(self.options, self.group if keep_group else None, self.hook)
         other.listeners = list(self.listeners)
         return other
+
+    def reconfigure(self, options: BreakerOptions) -> None:
+        """Adopt new option values in place (compat: ``breaker.fail_max = n``).
+
+        Only the thresholds and durations may change (``BreakerOptions.check_reconfigure``):
+        the window size, the rates, the exception classification and the clock stay.
+        """
+        if self.shared:
+            raise ValueError("a config shared by a BreakerMap cannot be reconfigured")
+        self.options.check_reconfigure(options)
+        self.options.update_from(options)
 
 
 class CircuitBreaker:
@@ -122,6 +138,27 @@ class CircuitBreaker:
         "_permitted", "_rejected", "_successes", "_failures", "_slow_calls", "_ignored",
         "_stale", "_opened", "__weakref__",
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The compiled class is final; the twin behaves the same.
+        raise TypeError("CircuitBreaker cannot be subclassed: wrap it or register callbacks")
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when a slot is unset: the object was made with __new__ without __init__.
+        if name in CircuitBreaker.__slots__:
+            raise RuntimeError(
+                "this CircuitBreaker was never initialised (made with __new__ without __init__)"
+            )
+        raise AttributeError(f"'CircuitBreaker' object has no attribute {name!r}")
+
+    def __copy__(self) -> Any:
+        raise not_copyable(self)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise not_copyable(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise not_copyable(self)
 
     def __init__(
         self,
@@ -151,11 +188,19 @@ class CircuitBreaker:
         )
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
+        try:
+            self._config
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
         self._setup(Config(options), name)
 
     @classmethod
     def _from_config(cls, config: Config, label: object) -> "CircuitBreaker":
         """A breaker sharing ``config`` (BreakerMap); ``name`` is ``str(label)``."""
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a Config, got {config!r}")
         self = cls.__new__(cls)
         self._setup(config, label)
         return self
@@ -180,7 +225,7 @@ class CircuitBreaker:
     # -- time -------------------------------------------------------------------------------
     def _now(self) -> int:
         clock = self._config.options.clock
-        return clock() if clock is not None else _monotonic_ns()
+        return read_clock(clock) if clock is not None else _monotonic_ns()
 
     def _open_period_ns(self, level: int) -> int:
         opts = self._config.options
@@ -250,6 +295,11 @@ class CircuitBreaker:
 
     def _release(self, permit: int, outcome: int) -> Optional[tuple[State, State]]:
         """Record the outcome of the call admitted with ``permit`` (see module docstring)."""
+        # The clock is read before anything is recorded when the outcome may need the time (it
+        # can trip or re-open), so that a clock that raises or returns garbage loses nothing.
+        now = 0
+        if outcome != OUT_NEUTRAL and (outcome != OUT_SUCCESS or self._ring is not None):
+            now = self._now()
         with self._lock:
             if permit != self._gen or self._state not in (CLOSED, HALF_OPEN):
                 self._stale += 1
@@ -258,10 +308,10 @@ class CircuitBreaker:
                 if self._inflight == 0:
                     self._stale += 1
                     return None
-                return self._release_probe(outcome)
-            return self._release_closed(outcome)
+                return self._release_probe(outcome, now)
+            return self._release_closed(outcome, now)
 
-    def _release_probe(self, outcome: int) -> Optional[tuple[State, State]]:
+    def _release_probe(self, outcome: int, now: int) -> Optional[tuple[State, State]]:
         opts = self._config.options
         if outcome == OUT_NEUTRAL:
             self._ignored += 1
@@ -269,11 +319,11 @@ class CircuitBreaker:
             return None
         if outcome == OUT_FAILURE:
             self._failures += 1
-            return self._reopen(self._now())
+            return self._reopen(now)
         self._successes += 1
         if outcome == OUT_SLOW:
             self._slow_calls += 1
-            return self._reopen(self._now())
+            return self._reopen(now)
         if self._probe_ok + 1 >= opts.success_threshold:
             self._level = 0
             return self._enter(CLOSED)
@@ -281,7 +331,7 @@ class CircuitBreaker:
         self._inflight -= 1
         return None
 
-    def _release_closed(self, outcome: int) -> Optional[tuple[State, State]]:
+    def _release_closed(self, outcome: int, now: int) -> Optional[tuple[State, State]]:
         opts = self._config.options
         if outcome == OUT_NEUTRAL:
             self._ignored += 1
@@ -298,7 +348,7 @@ class CircuitBreaker:
             if failed or outcome == OUT_SLOW:
                 self._consec += 1
                 if self._consec >= opts.failure_threshold:
-                    return self._auto_trip()
+                    return self._auto_trip(now)
             else:
                 self._consec = 0
             return None
@@ -320,16 +370,16 @@ class CircuitBreaker:
             self._fail / self._rec >= opts.failure_rate
             or (opts.slow_ns and self._slow / self._rec >= opts.slow_rate)
         ):
-            return self._auto_trip()
+            return self._auto_trip(now)
         return None
 
-    def _auto_trip(self) -> Optional[tuple[State, State]]:
+    def _auto_trip(self, now: int) -> Optional[tuple[State, State]]:
         group = self._config.group
         if group is not None and not group.try_reserve():
             return None  # suppressed: stays CLOSED, its failures stay recorded
         if group is not None:
             group.add_open(-1)  # _enter counts it
-        return self._enter(OPEN, self._now())
+        return self._enter(OPEN, now)
 
     def _fire(self, trans: Optional[tuple[State, State]]) -> None:
         if trans is not None and trans[0] != trans[1]:
@@ -497,4 +547,8 @@ class CircuitBreaker:
         self._config = config
 
     def __repr__(self) -> str:
+        try:
+            self._config
+        except RuntimeError:
+            return "<CircuitBreaker (not initialised)>"
         return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"

@@ -40,3 +40,5 @@ cdef int fb_budget_try_take(fb_budget_t *b, int64_t now) noexcept nogil
 cdef class RetryBudget:
     cdef fb_budget_t state
     cdef object _clock
+    cdef bint _ready         # __init__ has run
+    cdef object __weakref__

@@ -11,6 +11,7 @@ cimport cython
 from libc.stdint cimport int64_t
 
 from ._budget_py import UNIT as _PY_UNIT, _check_clock, _config, _now
+from ._errors import not_copyable as _not_copyable
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -102,9 +103,11 @@ cdef class RetryBudget:
     nanoseconds, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic clock.
     """
 
-    # __cinit__, not __init__: the state is set once, before any other thread can see the object
-    # (a second __init__ call on a shared budget would race with its users).
-    def __cinit__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
+    # The state is set once, by the first __init__, before any other thread can see the object; a
+    # second __init__ is refused (it would race with the budget's users).
+    def __init__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
+        if self._ready:
+            raise RuntimeError("RetryBudget.__init__ called twice: create a new budget")
         deposit, cap, rate = _config(ratio, capacity, min_per_sec)
         _check_clock(clock)
         self._clock = clock
@@ -114,16 +117,30 @@ cdef class RetryBudget:
         self.state.use_c_clock = clock is None
         self.state.tokens = cap
         self.state.last_ns = _read_clock(clock)
+        self._ready = True
+
+    def __copy__(self):
+        raise _not_copyable(self)
+
+    def __deepcopy__(self, memo):
+        raise _not_copyable(self)
+
+    def __reduce_ex__(self, protocol):
+        raise _not_copyable(self)
 
     @cython.binding(False)
     def record_success(self):
         """Deposit ``ratio`` tokens, up to ``capacity``. Never reads the clock."""
+        if not self._ready:
+            _not_ready()
         fb_budget_deposit(&self.state)
 
     @cython.binding(False)
     def allow_retry(self):
         """Take one token if at least one is available (after the lazy refill); else ``False``."""
         cdef int64_t now = -1
+        if not self._ready:
+            _not_ready()
         if self._clock is not None:
             now = _now(self._clock)
         return <bint>fb_budget_try_take(&self.state, now)
@@ -131,25 +148,35 @@ cdef class RetryBudget:
     @property
     def tokens(self):
         """The tokens available now, including what has accrued since the last refill."""
+        if not self._ready:
+            _not_ready()
         _refill(&self.state, _read_clock(self._clock))
         return <double>fb_load_acq(&self.state.tokens) / UNIT
 
     @property
     def ratio(self):
         """Tokens deposited per success."""
+        if not self._ready:
+            _not_ready()
         return <double>self.state.deposit / UNIT
 
     @property
     def capacity(self):
         """The most tokens the bucket holds."""
+        if not self._ready:
+            _not_ready()
         return <double>self.state.capacity / UNIT
 
     @property
     def min_per_sec(self):
         """Tokens that accrue per second without any success."""
+        if not self._ready:
+            _not_ready()
         return <double>self.state.rate / UNIT
 
     def __repr__(self):
+        if not self._ready:
+            return "<RetryBudget (not initialised)>"
         return (
             f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
             f"min_per_sec={self.min_per_sec!r}, "
@@ -157,7 +184,7 @@ cdef class RetryBudget:
         )
 
 
-def _hammer(RetryBudget budget, Py_ssize_t deposits, Py_ssize_t takes, int64_t now, int64_t step):
+def _hammer(RetryBudget budget not None, Py_ssize_t deposits, Py_ssize_t takes, int64_t now, int64_t step):
     """Test-only: ``deposits`` deposits interleaved with ``takes`` takes at times ``now``,
     ``now + step``, ... through the nogil entry points, with the GIL released so that threads
     really run in parallel. Returns the number of tokens taken."""
@@ -176,4 +203,10 @@ def _hammer(RetryBudget budget, Py_ssize_t deposits, Py_ssize_t takes, int64_t n
 cdef fb_budget_t *fb_budget_handle(object budget) except NULL:
     if type(budget) is not RetryBudget:
         raise TypeError(f"expected a compiled fastbreaker.RetryBudget, got {budget!r}")
+    if not (<RetryBudget>budget)._ready:
+        _not_ready()
     return &(<RetryBudget>budget).state
+
+
+cdef int _not_ready() except -1:
+    raise RuntimeError("this RetryBudget was never initialised (made with __new__ without __init__)")

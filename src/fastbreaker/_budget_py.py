@@ -15,10 +15,11 @@ same integer arithmetic and give identical results; every intermediate value sta
 
 from __future__ import annotations
 
-import operator
 import threading
 import time
 from collections.abc import Callable
+from ._durations import check_clock, read_clock
+from ._errors import not_copyable
 
 __all__ = ["RetryBudget"]
 
@@ -56,16 +57,20 @@ def _config(ratio: object, capacity: object, min_per_sec: object) -> tuple[int, 
 
 
 def _check_clock(clock: object) -> None:
-    if clock is not None and not callable(clock):
-        raise TypeError(f"clock must be a zero-argument callable returning int ns, got {clock!r}")
+    check_clock(clock)
 
 
 def _now(clock: Callable[[], int]) -> int:
-    """Read a Python clock: an int of nanoseconds >= 0."""
-    now = operator.index(clock())
-    if now < 0:
-        raise ValueError(f"clock must return a time in ns >= 0, got {now!r}")
-    return now
+    """Read a Python clock: an int of nanoseconds in [0, 2**63 - 1] (else an error naming it)."""
+    return read_clock(clock)
+
+
+def _initialised(obj: object) -> bool:
+    try:
+        obj._lock  # type: ignore[attr-defined]
+    except RuntimeError:
+        return False
+    return True
 
 
 def _accrued(elapsed_us: int, rate: int, capacity: int) -> int:
@@ -89,7 +94,30 @@ class RetryBudget:
     nanoseconds, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic clock.
     """
 
-    __slots__ = ("_tokens", "_last_ns", "_deposit", "_capacity", "_rate", "_clock", "_lock")
+    __slots__ = (
+        "_tokens", "_last_ns", "_deposit", "_capacity", "_rate", "_clock", "_lock", "__weakref__",
+    )
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # The compiled class is final; the twin behaves the same.
+        raise TypeError("RetryBudget cannot be subclassed")
+
+    def __getattr__(self, name: str) -> object:
+        # Reached only when a slot is unset: the object was made with __new__ without __init__.
+        if name in RetryBudget.__slots__:
+            raise RuntimeError(
+                "this RetryBudget was never initialised (made with __new__ without __init__)"
+            )
+        raise AttributeError(f"'RetryBudget' object has no attribute {name!r}")
+
+    def __copy__(self) -> object:
+        raise not_copyable(self)
+
+    def __deepcopy__(self, memo: object) -> object:
+        raise not_copyable(self)
+
+    def __reduce_ex__(self, protocol: object) -> object:
+        raise not_copyable(self)
 
     def __init__(
         self,
@@ -99,6 +127,8 @@ class RetryBudget:
         *,
         clock: Callable[[], int] | None = None,
     ) -> None:
+        if _initialised(self):
+            raise RuntimeError("RetryBudget.__init__ called twice: create a new budget")
         self._deposit, self._capacity, self._rate = _config(ratio, capacity, min_per_sec)
         _check_clock(clock)
         self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
@@ -158,6 +188,8 @@ class RetryBudget:
         self._tokens = min(self._tokens + credit, self._capacity)
 
     def __repr__(self) -> str:
+        if not _initialised(self):
+            return "<RetryBudget (not initialised)>"
         return (
             f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
             f"min_per_sec={self.min_per_sec!r}, tokens={float(self._tokens) / UNIT!r})"

@@ -8,7 +8,20 @@ from typing import Union
 
 Seconds = Union[float, int, datetime.timedelta]
 
-__all__ = ["Seconds", "seconds_to_ns", "check_count", "check_rate", "to_seconds"]
+__all__ = [
+    "MAX_CLOCK_NS",
+    "Seconds",
+    "check_clock",
+    "check_count",
+    "check_rate",
+    "read_clock",
+    "seconds_to_ns",
+    "to_seconds",
+]
+
+#: Clock readings are int nanoseconds in [0, MAX_CLOCK_NS]: the compiled cores keep times in
+#: signed 64-bit words, and both cores refuse anything else, before they count anything.
+MAX_CLOCK_NS = 2**63 - 1
 
 
 def to_seconds(value: object, name: str) -> float:
@@ -17,7 +30,12 @@ def to_seconds(value: object, name: str) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(
+            f"{name} must be a finite number of seconds, at most {2**62 / 1e9:.0f}, got {value!r}"
+        ) from None
 
 
 def seconds_to_ns(value: object, name: str, *, positive: bool = False) -> int:
@@ -48,3 +66,33 @@ def check_rate(value: object, name: str) -> float:
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{name} must be in (0, 1], got {value!r}")
     return float(value)
+
+
+def check_clock(clock: object) -> None:
+    """Validate a ``clock=`` option: None (the monotonic clock) or a zero-argument callable."""
+    if clock is not None and not callable(clock):
+        raise TypeError(
+            f"clock must be None or a zero-argument callable returning int ns, got {clock!r}"
+        )
+
+
+def read_clock(clock: object) -> int:
+    """Call a user ``clock`` and return its reading, or raise an error that names the clock.
+
+    A reading is an int of monotonic nanoseconds in ``[0, 2**63 - 1]`` (``bool`` is refused).
+    Both cores call this before they record anything that needs the time, so a bad reading
+    never leaves an outcome counted and its transition lost.
+    """
+    value = clock()  # type: ignore[operator]
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"clock must return an int of nanoseconds in [0, 2**63 - 1], "
+                f"got {value!r} from {clock!r}"
+            )
+        value = int(value)
+    if not 0 <= value <= MAX_CLOCK_NS:
+        raise ValueError(
+            f"clock must return an int of nanoseconds in [0, 2**63 - 1], got {value!r} from {clock!r}"
+        )
+    return value

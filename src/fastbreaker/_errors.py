@@ -62,3 +62,15 @@ class CircuitOpenError(BreakerError):
 
 class DeadlineExceeded(BreakerError, TimeoutError):
     """The operation's deadline expired (or the next retry would end past it)."""
+
+
+def not_copyable(obj: object) -> TypeError:
+    """The error for ``copy.copy``, ``copy.deepcopy`` and pickling of a stateful object.
+
+    A breaker, map or budget is shared state: a copy would either share it (so that callbacks
+    registered on the copy fire for the original) or silently fork it. Both cores refuse.
+    """
+    return TypeError(
+        f"{type(obj).__name__} objects cannot be copied or pickled: create a new one with the "
+        f"same options instead"
+    )

@@ -37,6 +37,7 @@ typedef struct fb_window_s {
 
 typedef struct fb_breaker_s {
     int64_t word;        /* state | busy | probes in flight | probe successes | level | generation */
+    int64_t gen_hi;      /* the generation's bits above the word's 22: a permit is the full count */
     int64_t since_ns;    /* OPEN: trip time; HALF_OPEN: latest probe admission */
     int64_t consec;      /* generation << 40 | consecutive failures */
     fb_window_t *win;    /* NULL in consecutive mode */

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Callable, Union
 
-from ._durations import check_count, check_rate, seconds_to_ns
+from ._durations import check_clock, check_count, check_rate, seconds_to_ns
 
 __all__ = [
     "BreakerOptions",
@@ -31,6 +31,14 @@ OUT_SUCCESS, OUT_SLOW, OUT_FAILURE, OUT_NEUTRAL = 0, 1, 2, 3
 MAX_WINDOW = 1_000_000
 MAX_PROBES = 65_535
 MAX_THRESHOLD = 2**40 - 1
+#: The default probe_timeout is reset_timeout, but never less than this (1 s): with a tiny
+#: reset_timeout, a probe still running must not be declared lost by the next caller.
+MIN_DEFAULT_PROBE_TIMEOUT_NS = 1_000_000_000
+#: Options that Config.reconfigure() may change in place; the others fix a breaker's shape.
+RECONFIGURABLE = (
+    "failure_threshold", "min_calls", "half_open_max_calls", "success_threshold", "reset_ns",
+    "max_reset_ns", "probe_timeout_ns",
+)
 
 FailurePredicate = Callable[[BaseException], bool]
 ExcTypes = Union[type[BaseException], tuple[type[BaseException], ...]]
@@ -130,7 +138,7 @@ class BreakerOptions:
                     f"got {max_reset_timeout!r}"
                 )
         self.probe_timeout_ns = (
-            self.reset_ns if probe_timeout is None
+            max(self.reset_ns, MIN_DEFAULT_PROBE_TIMEOUT_NS) if probe_timeout is None
             else seconds_to_ns(probe_timeout, "probe_timeout", positive=True)
         )
         if callable(failure_on) and not isinstance(failure_on, type):
@@ -140,8 +148,7 @@ class BreakerOptions:
             self.failure_types = _exc_types(failure_on, "failure_on")
             self.failure_predicate = None
         self.ignore = _exc_types(ignore, "ignore") if ignore != () else ()
-        if clock is not None and not callable(clock):
-            raise TypeError(f"clock must be a zero-argument callable returning int ns, got {clock!r}")
+        check_clock(clock)
         self.clock = clock
 
     def classify(self, exc: BaseException) -> int:
@@ -156,6 +163,18 @@ class BreakerOptions:
         if self.failure_predicate is not None:
             return OUT_FAILURE if self.failure_predicate(exc) else OUT_SUCCESS
         return OUT_FAILURE if isinstance(exc, self.failure_types) else OUT_SUCCESS
+
+    def check_reconfigure(self, new: "BreakerOptions") -> None:
+        """Raise ValueError unless ``new`` differs from these options only in what
+        ``Config.reconfigure`` may change in place (thresholds and durations)."""
+        for name in self.__slots__:
+            if name not in RECONFIGURABLE and getattr(new, name) != getattr(self, name):
+                raise ValueError(f"{name} cannot change on an existing breaker")
+
+    def update_from(self, new: "BreakerOptions") -> None:
+        """Take the reconfigurable values of ``new`` (see ``check_reconfigure``)."""
+        for name in RECONFIGURABLE:
+            setattr(self, name, getattr(new, name))
 
     def kwargs(self) -> dict[str, Any]:
         """The options as keyword arguments (durations in seconds), for copies and reprs."""

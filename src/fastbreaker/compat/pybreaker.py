@@ -334,7 +334,6 @@ class CircuitBreaker:
         self._probe_gen: Optional[int] = None
         self._in_manual = False  # a manual transition announces itself, once
         self._lowered = False  # fail_max went below the current failure count
-        self._retired: list[Any] = []
         self._state_obj: CircuitBreakerState = CircuitClosedState(self)
 
         # The core's clock is monotonic ns plus a skew that half_open() advances to end an open
@@ -386,17 +385,14 @@ class CircuitBreaker:
 
     def _reconfigure(self, fail_max: Any, reset_timeout: Any, success_threshold: Any) -> None:
         """Give the core new options, keeping its state (call with the lock held)."""
-        core = self._core
-        old = core._config
+        config = self._core._config
         options = BreakerOptions(
             **self._core_options(fail_max, reset_timeout, success_threshold),
-            clock=old.options.clock,
+            clock=config.options.clock,
         )
-        config = type(old)(options, old.group, old.hook)
-        config.listeners = list(old.listeners)
-        core._set_config(config)
-        # A call in flight may still read the old configuration: keep it alive.
-        self._retired.append(old)
+        # In place: the core's config is never replaced, so nothing accumulates however often
+        # an option is assigned.
+        config.reconfigure(options)
 
     def _adopt(self, storage: CircuitMemoryStorage) -> None:
         """Start in the storage's state, as pybreaker does, without notifying anyone."""
