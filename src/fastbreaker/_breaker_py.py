@@ -542,8 +542,12 @@ class CircuitBreaker:
 
     def _set_config(self, config: Config) -> None:
         """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a Config, got {config!r}")
         if config.options.window != self._config.options.window:
             raise ValueError("a breaker's window size cannot change")
+        if config is not self._config and not any(r is self._config for r in config.retired):
+            config.retired.append(self._config)
         self._config = config
 
     def __repr__(self) -> str:

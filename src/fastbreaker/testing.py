@@ -11,6 +11,7 @@ import types
 from collections.abc import Iterator
 
 from . import _retry
+from ._durations import MAX_CLOCK_NS, seconds_to_ns
 
 __all__ = ["FakeClock", "implementations", "instant_retries"]
 
@@ -25,8 +26,10 @@ class FakeClock:
     __slots__ = ("_ns", "_lock")
 
     def __init__(self, start_ns: int = 0) -> None:
-        if not isinstance(start_ns, int) or start_ns < 0:
-            raise ValueError(f"start_ns must be an int >= 0, got {start_ns!r}")
+        if isinstance(start_ns, bool) or not isinstance(start_ns, int):
+            raise TypeError(f"start_ns must be an int in [0, 2**63 - 1], got {start_ns!r}")
+        if not 0 <= start_ns <= MAX_CLOCK_NS:
+            raise ValueError(f"start_ns must be an int in [0, 2**63 - 1], got {start_ns!r}")
         self._ns = start_ns
         self._lock = threading.Lock()
 
@@ -35,12 +38,14 @@ class FakeClock:
 
     def advance(self, seconds: float | datetime.timedelta) -> int:
         """Move the clock forward by ``seconds`` (>= 0) and return the new time in ns."""
-        if isinstance(seconds, datetime.timedelta):
-            seconds = seconds.total_seconds()
-        if not seconds >= 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds!r}")
+        ns = seconds_to_ns(seconds, "seconds")  # a finite number >= 0, or a timedelta
         with self._lock:
-            self._ns += round(seconds * 1e9)
+            if self._ns + ns > MAX_CLOCK_NS:
+                raise ValueError(
+                    f"seconds would move the clock past 2**63 - 1 ns (it is at {self._ns}), "
+                    f"got {seconds!r}"
+                )
+            self._ns += ns
             return self._ns
 
     def __repr__(self) -> str:
