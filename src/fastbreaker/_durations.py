@@ -44,7 +44,7 @@ def seconds_to_ns(value: object, name: str, *, positive: bool = False) -> int:
     if math.isnan(s) or math.isinf(s) or (s <= 0 if positive else s < 0):
         rng = "> 0" if positive else ">= 0"
         raise ValueError(f"{name} must be a finite number of seconds {rng}, got {value!r}")
-    ns = round(s * 1e9)
+    ns = round(s * 1e9) if s <= 2**62 / 1e9 else 2**62 + 1
     if ns > 2**62:
         raise ValueError(f"{name} must be at most {2**62 / 1e9:.0f} seconds, got {value!r}")
     return ns
