@@ -247,7 +247,7 @@ def enter(breaker: Any) -> None:
 def pop_entry(breaker: Any) -> tuple[int, int]:
     """Take the entry of the block of ``breaker`` that is exiting: (permit, start_ns)."""
     node = _active.get()
-    kept = []
+    kept: list[Any] = []
     while node is not None:
         if node not in _open_blocks:
             node = node.rest  # taken by an exit in another context: drop it
