@@ -525,3 +525,22 @@ def test_record_success_refuses_elapsed_out_of_range(fb, clock, elapsed):
     with pytest.raises(ValueError, match=r"elapsed must be a finite number of seconds >= 0"):
         b.record_success(elapsed=elapsed)
     assert b.metrics().successes == 0
+
+
+async def test_retry_awaits_an_object_with_async_call(fb):
+    class Client:
+        def __init__(self):
+            self.calls = 0
+
+        async def __call__(self):
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionError
+            return "ok"
+
+    client = Client()
+    with fb.testing.instant_retries():
+        fetch = fb.retry(on=ConnectionError, attempts=2)(client)
+        assert inspect.iscoroutinefunction(fetch)
+        assert await fetch() == "ok"
+    assert client.calls == 2
