@@ -6,7 +6,12 @@ the synchronous ``call`` itself for speed; ``call`` below is the reference versi
 
 ``with breaker:`` needs to remember the permit of each entered block without storing it on the
 shared breaker (threads and tasks enter the same breaker concurrently). It keeps a per-context
-stack in a ContextVar: every thread and every asyncio task has its own.
+stack in a ContextVar (every thread and every asyncio task has its own), plus one table of all
+open blocks for the blocks that exit in another context (see ``Block`` below).
+
+Every path gives its permit back exactly once, whatever raises between admission and the
+outcome: the wrapped call, the ``failure_on`` predicate (``BreakerOptions.classify`` turns its
+error into a failure), the clock, or the guarded generator's consumer.
 """
 
 from __future__ import annotations
