@@ -456,8 +456,19 @@ def test_calling_context_manager() -> None:
 
 
 def test_validation_errors_name_the_option() -> None:
-    with pytest.raises(TypeError, match="failure_threshold"):
+    # pybreaker's names, never the core's (failure_threshold, probe_timeout)
+    with pytest.raises(TypeError, match=r"^fail_max must be an int"):
         pybreaker.CircuitBreaker(fail_max="5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^fail_max must be in"):
+        pybreaker.CircuitBreaker(fail_max=2**60)
+    with pytest.raises(TypeError, match=r"^reset_timeout"):
+        pybreaker.CircuitBreaker(reset_timeout="60")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^success_threshold"):
+        pybreaker.CircuitBreaker(success_threshold=1.5)  # type: ignore[arg-type]
+    b = pybreaker.CircuitBreaker()
+    with pytest.raises(TypeError, match=r"^fail_max must be an int"):
+        b.fail_max = "3"  # type: ignore[assignment]
+    assert b.fail_max == 5
     b = pybreaker.CircuitBreaker(fail_max=0, success_threshold=0, reset_timeout=-1)
     assert (b.fail_max, b.success_threshold, b.reset_timeout) == (0, 0, -1)  # as given
     with pytest.raises(pybreaker.CircuitBreakerError):

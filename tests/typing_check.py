@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import AsyncIterator, Iterator
 from typing_extensions import assert_type  # (typing.assert_type is 3.11+)
 
 import fastbreaker as fb
@@ -26,12 +27,34 @@ async def afetch(host: str) -> int:
     return 1
 
 
+@breaker
+def numbers(n: int) -> Iterator[int]:
+    yield n
+
+
+@breaker
+async def anumbers(n: int) -> AsyncIterator[int]:
+    yield n
+
+
+class Client:
+    async def __call__(self, path: str) -> bytes:
+        return b""
+
+
+client = breaker(Client())
+
+
 assert_type(fetch("a", port=1), bytes)
+assert_type(numbers(1), Iterator[int])
+assert_type(anumbers(1), AsyncIterator[int])
+assert_type(client, Client)
 assert_type(breaker.call(fetch, "h", port=2), bytes)
 
 
 async def use() -> None:
     assert_type(await afetch("x"), int)
+    assert_type(await client("/"), bytes)
     assert_type(await breaker.call_async(afetch, "x"), int)
     with breaker:
         pass

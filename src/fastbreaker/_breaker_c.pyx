@@ -581,6 +581,24 @@ cdef class Config:
         self.options.update_from(options)
 
 
+@cython.final
+@cython.no_gc
+@cython.freelist(8)
+cdef class Block:
+    """An open ``with`` block (see ``_calls.Block``, which it mirrors)."""
+
+    cdef readonly object breaker
+    cdef readonly int64_t permit
+    cdef readonly int64_t start
+    cdef readonly object rest
+
+    def __init__(self, breaker, int64_t permit, int64_t start, rest):
+        self.breaker = breaker
+        self.permit = permit
+        self.start = start
+        self.rest = rest
+
+
 _CLOSED, _OPEN, _HALF_OPEN, _ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
 _STATES = (_CLOSED, _OPEN, _HALF_OPEN, _ISOLATED)
 
@@ -745,37 +763,50 @@ cdef class CircuitBreaker:
         return _calls.call_async(self, fn, args, kwargs)
 
     def __call__(self, fn):
-        """``@breaker``: guard a sync or async function (its signature is kept)."""
+        """``@breaker``: guard a sync or async function, generator or async generator (its
+        signature is kept)."""
         live(self)
-        if not callable(fn) or _iscoroutinefunction(fn):
+        if not callable(fn) or _calls_kind(fn) != "sync":
             return _calls.decorate(self, fn)
         return guard(self, fn)
 
-    # The permit of each `with` block lives on a per-context stack (see _calls): the same as
-    # _calls.enter/exit, inlined here because `with breaker:` is a common hot path.
+    # The permit of each `with` block lives on a per-context stack and in the shared table of
+    # open blocks (see _calls): the common case of _calls.enter/exit is inlined here because
+    # `with breaker:` is a hot path; anything else goes through _calls.
     def __enter__(self):
         cdef int64_t permit = acquire_or_reject(self)
+        cdef int64_t start = 0
         if permit < 0:
             raise open_error(self)
-        _active_set((self, permit, now_of(self) if cfg_of(&self.st).slow_ns else 0, _active_get()))
+        if cfg_of(&self.st).slow_ns:
+            start = _calls.start_or_release(self, permit)
+        rest = _active_get()
+        while rest is not None and rest not in _open_blocks:
+            rest = rest.rest  # a block that exited in another context
+        node = <Block>Block.__new__(Block)
+        node.breaker = self
+        node.permit = permit
+        node.start = start
+        node.rest = rest
+        _open_blocks[node] = None
+        _active_set(node)
         return self
 
     def __exit__(self, et, exc, tb):
         cdef int64_t permit, start
-        cdef int outcome
         node = _active_get()
-        if node is not None and node[0] is self:
-            _active_set(node[3])
-            permit, start = node[1], node[2]
+        if (type(node) is Block and (<Block>node).breaker is self
+                and _open_blocks.pop(node, _MISSING) is None):
+            _active_set((<Block>node).rest)
+            permit, start = (<Block>node).permit, (<Block>node).start
         else:
             permit, start = _calls.pop_entry(self)
         if exc is not None:
-            outcome = (<Config>cfg_of(&self.st).owner).options.classify(exc)
-        elif cfg_of(&self.st).slow_ns and now_of(self) - start >= cfg_of(&self.st).slow_ns:
-            outcome = FB_SLOW
+            finish(self, permit, (<Config>cfg_of(&self.st).owner).options.classify(exc))
+        elif cfg_of(&self.st).slow_ns:
+            _calls.finish_returned(self, permit, start)
         else:
-            outcome = FB_SUCCESS
-        finish(self, permit, outcome)
+            finish(self, permit, FB_SUCCESS)
 
     async def __aenter__(self):
         return self.__enter__()
@@ -927,24 +958,22 @@ cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
     cdef int trans = 0
     permit = acquire(&self.st, -1, &trans)
     if permit < 0 or trans:
-        if permit == FB_NEED_CLOCK_:
-            permit = acquire(&self.st, now_of(self), &trans)
-        if trans:
-            fire(self, trans)
+        if permit == FB_NEED_CLOCK_ or trans:
+            permit = acquire_or_reject_slow(self, permit, trans)
         if permit < 0:
             raise open_error(self)
     # Hold the config for the whole call: a BreakerMap may swap it while fn runs.
     config = <Config>cfg_of(&self.st).owner
     c = &config.c
     if c.slow_ns:
-        start = now_of(self)
+        start = _calls.start_or_release(self, permit)
     try:
         result = fn(*args, **kwargs) if kwargs else fn(*args)
     except BaseException as exc:
         finish(self, permit, config.options.classify(exc))
         raise
-    if c.slow_ns and now_of(self) - start >= c.slow_ns:
-        finish(self, permit, FB_SLOW)
+    if c.slow_ns:
+        _calls.finish_returned(self, permit, start)
     else:
         finish(self, permit, FB_SUCCESS)
     return result
@@ -961,10 +990,22 @@ cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
     cdef int trans = 0
     live(self)
     cdef int64_t permit = acquire(&self.st, -1, &trans)
+    if permit == FB_NEED_CLOCK_ or trans:
+        return acquire_or_reject_slow(self, permit, trans)
+    return permit
+
+cdef int64_t acquire_or_reject_slow(CircuitBreaker self, int64_t permit, int trans) except? -9:
     if permit == FB_NEED_CLOCK_:
         permit = acquire(&self.st, now_of(self), &trans)
     if trans:
-        fire(self, trans)
+        try:
+            fire(self, trans)
+        except BaseException:
+            # a callback raised a BaseException (KeyboardInterrupt): the caller never gets the
+            # permit, so give it back, or the probe slot stays taken
+            if permit >= 0:
+                finish(self, permit, FB_NEUTRAL)
+            raise
     return permit
 
 cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
@@ -1022,6 +1063,8 @@ cdef _install_traverse():
 
 _install_traverse()
 from functools import update_wrapper as _update_wrapper
-from inspect import iscoroutinefunction as _iscoroutinefunction
+_calls_kind = _calls.kind
 _active_get = _calls._active.get
 _active_set = _calls._active.set
+cdef dict _open_blocks = _calls._open_blocks
+cdef object _MISSING = _calls._MISSING

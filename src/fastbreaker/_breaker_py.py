@@ -389,10 +389,7 @@ class CircuitBreaker:
     # -- raw API -----------------------------------------------------------------------------
     def allow(self) -> bool:
         """Admit one call (True) or reject it (False); the caller reports its outcome."""
-        permit, trans = self._acquire()
-        if trans is not None:
-            self._fire(trans)
-        return permit >= 0
+        return self._admit() >= 0
 
     def _raw_permit(self) -> int:
         # Raw outcomes belong to the current generation when it can take them (rule 5).
@@ -410,10 +407,22 @@ class CircuitBreaker:
         self._fire(self._release(self._raw_permit(), OUT_FAILURE))
 
     # -- call paths ----------------------------------------------------------------------------
-    def _permit_or_raise(self) -> int:
+    def _admit(self) -> int:
+        """Admit a call and announce the transition it made: the permit, or -1."""
         permit, trans = self._acquire()
         if trans is not None:
-            self._fire(trans)
+            try:
+                self._fire(trans)
+            except BaseException:
+                # a callback raised a BaseException (KeyboardInterrupt): the caller never gets
+                # the permit, so give it back, or the probe slot stays taken
+                if permit >= 0:
+                    self._finish(permit, OUT_NEUTRAL)
+                raise
+        return permit
+
+    def _permit_or_raise(self) -> int:
+        permit = self._admit()
         if permit < 0:
             raise self._open_error()
         return permit

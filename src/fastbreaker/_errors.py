@@ -17,6 +17,13 @@ class State(enum.IntEnum):
     HALF_OPEN = 2
     ISOLATED = 3
 
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        # "{}" and str() show the name; a numeric spec ("{:d}") still formats the int
+        return self.name if not spec else int.__format__(self, spec)
+
 
 class BreakerError(Exception):
     """Base class of every error fastbreaker raises itself."""
@@ -36,22 +43,27 @@ class CircuitOpenError(BreakerError):
 
         def __init__(self, name: str | None, state: State, retry_after: float) -> None: ...
 
+    # Users may construct it themselves (tests, fallbacks) with any arguments: the properties
+    # read ``args`` only when it has the breaker's shape, so any instance stays printable.
     @property
     def name(self) -> str | None:
         """The breaker's name."""
-        return self.args[0]
+        return self.args[0] if len(self.args) == 3 else None
 
     @property
     def state(self) -> State:
         """The state that rejected the call: OPEN, HALF_OPEN (no probe left) or ISOLATED."""
-        return self.args[1]
+        return self.args[1] if len(self.args) == 3 else State.OPEN
 
     @property
     def retry_after(self) -> float:
         """Seconds until a probe may pass (``math.inf`` when ISOLATED)."""
-        return self.args[2]
+        return self.args[2] if len(self.args) == 3 else 0.0
 
     def __str__(self) -> str:
+        args = self.args
+        if len(args) != 3 or not isinstance(args[1], State) or not isinstance(args[2], (int, float)):
+            return super().__str__() or "circuit is open"
         label = f"circuit {self.name!r}" if self.name is not None else "circuit"
         if math.isinf(self.retry_after):
             detail = "isolated until reset()"

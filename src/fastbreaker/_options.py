@@ -9,6 +9,7 @@ messages exist once.
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any, Callable, Union
 
 from ._durations import check_clock, check_count, check_rate, seconds_to_ns
@@ -59,7 +60,12 @@ def _exc_types(value: object, name: str) -> tuple[type[BaseException], ...]:
 
 
 class BreakerOptions:
-    """The validated configuration of a circuit breaker (see ``CircuitBreaker`` for meanings)."""
+    """The validated configuration of a circuit breaker (see ``CircuitBreaker`` for meanings).
+
+    ``failure_on`` is exception types or a predicate ``exc -> bool``; a predicate that raises
+    counts the call as a failure and is logged, the caller's exception propagating unchanged
+    (see ``classify``).
+    """
 
     __slots__ = (
         "failure_threshold",
@@ -157,11 +163,24 @@ class BreakerOptions:
         Non-``Exception`` base exceptions (cancellation, KeyboardInterrupt, GeneratorExit) and
         ``ignore`` matches are neutral; ``failure_on`` matches are failures; anything else means
         the dependency answered, so it is a success.
+
+        A ``failure_on`` predicate that raises counts the call as a failure: its error is logged
+        on the ``fastbreaker`` logger and never replaces ``exc``, and every call path (and each
+        compat layer) records the outcome, so a broken predicate cannot leak a permit or a probe.
+        Failure is the safe side: a predicate that raises on every error still lets the breaker
+        open, where "neutral" would hide a failing dependency.
         """
         if not isinstance(exc, Exception) or (self.ignore and isinstance(exc, self.ignore)):
             return OUT_NEUTRAL
         if self.failure_predicate is not None:
-            return OUT_FAILURE if self.failure_predicate(exc) else OUT_SUCCESS
+            try:
+                return OUT_FAILURE if self.failure_predicate(exc) else OUT_SUCCESS
+            except Exception:
+                logging.getLogger("fastbreaker").exception(
+                    "fastbreaker: failure_on predicate %r raised on %r; counted as a failure",
+                    self.failure_predicate, exc,
+                )
+                return OUT_FAILURE
         return OUT_FAILURE if isinstance(exc, self.failure_types) else OUT_SUCCESS
 
     def check_reconfigure(self, new: "BreakerOptions") -> None:

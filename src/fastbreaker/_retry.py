@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from random import random as _uniform  # [0, 1); a module global so that tests can pin it
@@ -34,6 +33,7 @@ from time import monotonic_ns as _monotonic_ns
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 
+from . import _calls
 from ._deadline import Deadline, _current, earlier
 from ._durations import Seconds, seconds_to_ns
 from ._errors import CircuitOpenError, DeadlineExceeded
@@ -237,7 +237,7 @@ def retry(
     policy = _Policy(on, attempts, base, cap, budget, deadline, on_retry)
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
-        if inspect.iscoroutinefunction(fn):
+        if _calls.kind(fn) == "async":  # an instance with `async def __call__` too
             return cast(Callable[P, T], _async_wrapper(policy, fn))
         return _sync_wrapper(policy, fn)
 

@@ -119,6 +119,19 @@ _MSG_REDIS = (
 )
 
 
+@contextlib.contextmanager
+def _own_names() -> Iterator[None]:
+    """Validation errors of the core, worded with pybreaker's option names."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        msg = str(exc)
+        for core_name, name in (("failure_threshold", "fail_max"), ("probe_timeout", "reset_timeout")):
+            if msg.startswith(core_name + " "):
+                raise type(exc)(name + msg[len(core_name):]) from None
+        raise
+
+
 class CircuitBreakerError(Exception):
     """A call was refused because the circuit is open, or (by default) its failure opened it."""
 
@@ -351,11 +364,12 @@ class CircuitBreaker:
             if me is not None:
                 me._core_changed(old, new)
 
-        self._core = type(self)._core_breaker_cls(
-            **self._core_options(fail_max, reset_timeout, success_threshold),
-            name=name if isinstance(name, str) else None,
-            clock=clock,
-        )
+        with _own_names():
+            self._core = type(self)._core_breaker_cls(
+                **self._core_options(fail_max, reset_timeout, success_threshold),
+                name=name if isinstance(name, str) else None,
+                clock=clock,
+            )
         self._core.on_state_change(on_change)
         self._adopt(storage)
         storage._breaker = self
@@ -386,10 +400,11 @@ class CircuitBreaker:
     def _reconfigure(self, fail_max: Any, reset_timeout: Any, success_threshold: Any) -> None:
         """Give the core new options, keeping its state (call with the lock held)."""
         config = self._core._config
-        options = BreakerOptions(
-            **self._core_options(fail_max, reset_timeout, success_threshold),
-            clock=config.options.clock,
-        )
+        with _own_names():
+            options = BreakerOptions(
+                **self._core_options(fail_max, reset_timeout, success_threshold),
+                clock=config.options.clock,
+            )
         # In place: the core's config is never replaced, so nothing accumulates however often
         # an option is assigned.
         config.reconfigure(options)

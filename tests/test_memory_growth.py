@@ -1,0 +1,246 @@
+"""Long-running paths keep their memory flat (tracemalloc).
+
+Each test runs a step many times after a warm-up and fails on growth proportional to the work
+done: ``assert_flat`` measures the traced memory left after ``small`` and after ``large`` steps
+(garbage collected) and bounds the extra bytes per extra step. A leak of one small object per
+step (a tuple, a list entry, a dict slot) is tens of bytes per step; the bound is a few bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import tracemalloc
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+import fastbreaker
+from fastbreaker import _calls
+
+
+def measure_growth(step: Callable[[], Any], n: int, *, warmup: int = 200) -> int:
+    """Traced bytes still allocated after ``n`` calls of ``step()`` (after ``warmup`` calls)."""
+    for _ in range(warmup):
+        step()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(n):
+            step()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+
+
+async def ameasure_growth(step: Callable[[], Awaitable[Any]], n: int, *, warmup: int = 200) -> int:
+    """``measure_growth`` for an async step, awaited in the running loop."""
+    for _ in range(warmup):
+        await step()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(n):
+            await step()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+
+
+def check_flat(small_growth: int, large_growth: int, small: int, large: int,
+               per_step: float = 2.0) -> None:
+    per = (large_growth - small_growth) / (large - small)
+    assert per < per_step, (
+        f"memory grows with the work: {small_growth} B after {small} steps, "
+        f"{large_growth} B after {large} ({per:.1f} B/step)"
+    )
+
+
+def assert_flat(step: Callable[[], Any], small: int = 2_000, large: int = 20_000) -> None:
+    check_flat(measure_growth(step, small), measure_growth(step, large), small, large)
+
+
+async def aassert_flat(step: Callable[[], Awaitable[Any]], small: int = 1_000,
+                       large: int = 10_000) -> None:
+    check_flat(await ameasure_growth(step, small), await ameasure_growth(step, large), small, large)
+
+
+def test_the_measure_sees_a_leak() -> None:
+    kept: list[object] = []
+    with pytest.raises(AssertionError, match="memory grows"):
+        assert_flat(lambda: kept.append(()), 200, 2_000)
+
+
+# -- rejections ----------------------------------------------------------------------------------------
+def test_rejections_keep_memory_flat(fb, clock) -> None:
+    b = fb.CircuitBreaker(clock=clock)
+    b.trip()
+
+    def work() -> None:
+        pass
+
+    guarded = b(work)
+
+    def step() -> None:
+        for reject in (lambda: b.call(work), guarded, b.__enter__):
+            try:
+                reject()
+            except fb.CircuitOpenError as exc:
+                str(exc)
+
+    assert_flat(step, 1_000, 10_000)
+    assert b.metrics().rejected > 30_000
+
+
+# -- retries ---------------------------------------------------------------------------------------------
+class Flaky:
+    """Fails every other call with ConnectionError."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> str:
+        self.n += 1
+        if self.n % 2:
+            raise ConnectionError("flaky")
+        return "ok"
+
+
+def test_retries_with_a_budget_keep_memory_flat(fb, clock) -> None:
+    budget = fb.RetryBudget(ratio=0.5, capacity=10, min_per_sec=0, clock=clock)
+    fetch = fb.retry(on=ConnectionError, attempts=2, budget=budget)(Flaky())
+    with fastbreaker.testing.instant_retries() as delays:
+
+        def step() -> None:
+            try:
+                fetch()
+            except ConnectionError:
+                pass  # refused by the budget
+            delays.clear()
+
+        assert_flat(step)
+
+
+async def test_async_retries_with_a_budget_keep_memory_flat(fb, clock) -> None:
+    budget = fb.RetryBudget(ratio=0.5, capacity=10, min_per_sec=0, clock=clock)
+    flaky = Flaky()
+
+    @fb.retry(on=ConnectionError, attempts=2, budget=budget)
+    async def fetch() -> str:
+        return flaky()
+
+    with fastbreaker.testing.instant_retries() as delays:
+
+        async def step() -> None:
+            try:
+                await fetch()
+            except ConnectionError:
+                pass
+            delays.clear()
+
+        await aassert_flat(step)
+
+
+# -- generators guarded by @breaker, and `with` blocks that exit in another context ------------------
+def test_guarded_generators_keep_memory_flat(fb, clock) -> None:
+    b = fb.CircuitBreaker(clock=clock)
+
+    @b
+    def gen() -> Any:
+        yield 1
+        yield 2
+
+    def step() -> None:
+        assert list(gen()) == [1, 2]
+        g = gen()
+        next(g)
+        g.close()
+
+    assert_flat(step)
+
+
+async def test_guarded_async_generators_keep_memory_flat(fb, clock) -> None:
+    b = fb.CircuitBreaker(clock=clock)
+
+    @b
+    async def agen() -> Any:
+        yield 1
+        yield 2
+
+    async def step() -> None:
+        assert [x async for x in agen()] == [1, 2]
+        a = agen()
+        await a.__anext__()
+        await a.aclose()
+
+    await aassert_flat(step)
+
+
+def test_with_blocks_exiting_in_another_context_keep_memory_flat(fb, clock) -> None:
+    b = fb.CircuitBreaker(failure_threshold=10**9, clock=clock)
+
+    def gen() -> Any:
+        with b:
+            yield 1
+
+    def step() -> None:
+        g = gen()
+        next(g)
+        contextvars.copy_context().run(g.close)  # exits in a foreign context
+        with b:
+            pass
+
+    assert_flat(step)
+    assert not any(node.breaker is b for node in _calls._open_blocks)
+    m = b.metrics()
+    assert m.permitted == m.successes + m.ignored
+
+
+# -- the httpx transport ----------------------------------------------------------------------------
+httpx = pytest.importorskip("httpx")
+
+
+def handler(request: Any) -> Any:
+    return httpx.Response(503 if request.url.host.startswith("bad") else 200)
+
+
+def test_httpx_transport_keeps_memory_flat(fb, clock) -> None:
+    from fastbreaker.contrib.httpx import BreakerTransport
+
+    m = fb.BreakerMap(failure_threshold=2, clock=clock)
+    transport = BreakerTransport(httpx.MockTransport(handler), breakers=m)
+    with httpx.Client(transport=transport) as client:
+
+        def step() -> None:
+            assert client.get("http://ok.example/").status_code == 200
+            try:  # fails twice, then rejected (OPEN) for the rest of the run
+                client.get("http://bad.example/")
+            except fb.CircuitOpenError:
+                pass
+
+        check_flat(measure_growth(step, 200, warmup=50), measure_growth(step, 1_000, warmup=0),
+                   200, 1_000, per_step=8.0)
+    assert m[fastbreaker.contrib.httpx.Origin.of("http://bad.example/")].metrics().rejected > 1_000
+
+
+async def test_async_httpx_transport_keeps_memory_flat(fb, clock) -> None:
+    from fastbreaker.contrib.httpx import AsyncBreakerTransport
+
+    m = fb.BreakerMap(failure_threshold=2, clock=clock)
+    transport = AsyncBreakerTransport(httpx.MockTransport(handler), breakers=m)
+    async with httpx.AsyncClient(transport=transport) as client:
+
+        async def step() -> None:
+            assert (await client.get("http://ok.example/")).status_code == 200
+            try:
+                await client.get("http://bad.example/")
+            except fb.CircuitOpenError:
+                pass
+
+        check_flat(await ameasure_growth(step, 200, warmup=50),
+                   await ameasure_growth(step, 1_000, warmup=0), 200, 1_000, per_step=8.0)
