@@ -66,10 +66,14 @@ def racy(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespace:
 BREAKER_CONFIGS = {
     # success_threshold=1 and probes never neutral: an episode ends with its first probe outcome,
     # so `half_open_max_calls` bounds the probes *admitted* in it, not only those in flight.
-    "consecutive": dict(failure_threshold=3, reset_timeout=20e-6, half_open_max_calls=2),
+    # probe_timeout is explicit: the default has a 1 s floor, and leaked probes must be
+    # reclaimed many times per run.
+    "consecutive": dict(
+        failure_threshold=3, reset_timeout=20e-6, probe_timeout=20e-6, half_open_max_calls=2,
+    ),
     "window": dict(
         failure_threshold=3, window=16, min_calls=4, failure_rate=0.5,
-        reset_timeout=20e-6, half_open_max_calls=3,
+        reset_timeout=20e-6, probe_timeout=20e-6, half_open_max_calls=3,
     ),
 }
 
@@ -238,6 +242,43 @@ def test_breaker_invariants_hold_under_parallel_hammer(client: Any, mode: str) -
     f = report.figures
     assert f["trips"] > 100 and f["half_open_episodes"] > 100, str(report)
     assert f["probes"] > 100 and f["trip_time_samples"] > 100, str(report)
+
+
+@needs_c
+@needs_cc
+@own_threads
+def test_config_swaps_under_parallel_hammer_keep_the_invariants(client: Any) -> None:
+    """Safe reclamation of configs: native threads hammer map breakers through the C API (they
+    read the config pointer without the GIL) while the main thread evicts those breakers (their
+    config is swapped for the map's detached one) and registers callbacks on them (swapped for a
+    private copy). A replaced config stays reachable from its replacement, so no reader is left
+    with a freed one; the invariants of every hammered breaker and the map's count of
+    non-CLOSED breakers must hold, and the retired configs must not pile up."""
+    m = fastbreaker.BreakerMap(max_keys=64, **BREAKER_CONFIGS["consecutive"])
+    reports = []
+    swapped = 0
+    for round_ in range(6):
+        victim = m[f"victim-{round_}"]
+        result: list[HammerReport] = []
+        runner = threading.Thread(target=lambda: result.append(hammer_breaker(client, victim, 0.25)))
+        runner.start()
+        i = 0
+        while runner.is_alive():
+            m.allow(f"churn-{round_}-{i}")  # the map is full: eviction runs, and may drop victim
+            if i % 50 == 0:
+                m[f"churn-{round_}-{i}"].on_state_change(lambda *a: None)
+            i += 1
+        runner.join()
+        reports.extend(result)
+        swapped += victim._config is not m._config  # dropped (detached) while hammered
+    for report in reports:
+        assert not report.violations, str(report)
+    held_open = sum(1 for key in m if m.get(key) is not None and m.get(key).state != fastbreaker.State.CLOSED)
+    assert m._group.open == held_open
+    assert len(m._detached.retired) <= 1
+    assert sum(r.figures["trips"] for r in reports) > 100
+    assert swapped >= 1, "no hammered breaker was ever dropped: the test exercised no swap"
+    print(f"\n[stress config swaps] {swapped} of 6 hammered breakers swapped while hammered")
 
 
 @needs_c
