@@ -83,9 +83,14 @@ def test_rows_for_fastbreaker_floor_and_installed_peers(report: dict[str, Any]) 
     )
     rows = {row["key"]: row for row in data["rows"]}
     assert rows["fastbreaker_py"]["allow_ns"] is not None
-    assert rows["floor"]["x_floor"] == pytest.approx(1.0)
-    if fastbreaker.COMPILED:
+    # a tiny run on a loaded machine can measure a cell <= 0: it then gets no ratio
+    if rows["floor"]["call_ns"] > 0:
+        assert rows["floor"]["x_floor"] == pytest.approx(1.0)
+    else:
+        assert rows["floor"]["x_floor"] is None
+    if fastbreaker.COMPILED and rows["fastbreaker"]["call_ns"] > 0:
         assert rows["fastbreaker"]["x_fastbreaker"] == pytest.approx(1.0)
+    if fastbreaker.COMPILED:
         assert data["targets"]["checks"][0]["what"] == "allow() in CLOSED"
     for peer in PEERS:
         if peer in rows:

@@ -861,10 +861,9 @@ def format_markdown(result: dict[str, Any]) -> str:
         if not note:
             out.append("")
             continue
-        nested = note.startswith("  ")
-        bullet = ("  - " if nested else "- ") + note.strip()
-        indent = "    " if nested else "  "
-        out += textwrap.wrap(bullet, WIDTH, subsequent_indent=indent)
+        depth = (len(note) - len(note.lstrip(" "))) // 2  # two spaces a level, as in the text
+        bullet = "  " * depth + "- " + note.strip()
+        out += textwrap.wrap(bullet, WIDTH, subsequent_indent="  " * (depth + 1))
     return "\n".join(out)
 
 
@@ -904,7 +903,7 @@ def _summary(result: dict[str, Any]) -> list[str]:
             ratio = _ratio(row.get(key), fb.get(key))
             if ratio is not None:
                 cells.append(f"{what} {_x(ratio)}")
-        out.append(f"  {row['label']}: {', '.join(cells) or 'n/a'}")
+        out.append(f"    {row['label']}: {', '.join(cells) or 'n/a'}")
     return out
 
 
