@@ -65,12 +65,28 @@ race:__pyx_tp_dealloc_
 race:__pyx_memoryview___pyx_pf_15View_dot_MemoryView_10memoryview___cinit__
 EOF
 
+# The tests must import the instrumented build installed above, never the source tree: the
+# project's `pythonpath = ["src"]` is overridden with `-o pythonpath=` (`-p no:python_path` no
+# longer disables it since pytest 9), and a plugin fails the session before any test runs unless
+# the imported fastbreaker._breaker_c is $SO.
+cat >"$WORK/fb_tsan_guard.py" <<PY
+import pytest
+
+def pytest_sessionstart(session):
+    # imported here, not at the top: by now pytest has set sys.path and loaded the conftests
+    import fastbreaker._breaker_c as core
+    if core.__file__ != "$SO":
+        pytest.exit(f"tsan: the tests import {core.__file__}, not the instrumented $SO", 3)
+    print("tsan: the tests import the instrumented", core.__file__)
+PY
+
 echo "== tsan: stress tests (C-level hammers and the Python API from threads) =="
 set +e
-LD_PRELOAD=$TSAN_LIB \
+PYTHONPATH="$WORK" LD_PRELOAD=$TSAN_LIB \
 TSAN_OPTIONS="suppressions=$WORK/suppressions.txt halt_on_error=0 report_signal_unsafe=0 log_path=$WORK/logs/tsan" \
 FB_TEST_CFLAGS="$TSAN_CFLAGS" FB_TEST_LDFLAGS="-fsanitize=thread" FB_STRESS_SECONDS=${FB_STRESS_SECONDS:-1.5} \
-    "$VPY" -m pytest -q -s -p no:cacheprovider -p no:python_path tests/test_stress.py -k "not racy"
+    "$VPY" -m pytest -q -s -p no:cacheprovider -o pythonpath= -p fb_tsan_guard \
+    tests/test_stress.py -k "not racy"
 status=$?
 set -e
 

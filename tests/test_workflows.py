@@ -143,7 +143,7 @@ def test_cibuildwheel_builds_the_intended_wheels(platform: str) -> None:
     assert not any(i.startswith(("pp", "gp")) for i in ids), ids  # CPython only
 
 
-@pytest.mark.parametrize("script", ["run", "freethreaded.sh", "tsan.sh"])
+@pytest.mark.parametrize("script", ["run", "freethreaded.sh", "tsan.sh", "debug.sh"])
 def test_ci_scripts_parse(script: str) -> None:
     path = ROOT / ".ci" / script
     if not path.exists():

@@ -40,6 +40,7 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import threading
 import time
 import tracemalloc
@@ -53,18 +54,41 @@ __all__ = ["main", "run_report"]
 UNROLL = 10
 OPEN_SECONDS = 3600  # the open period of every tripped breaker: it stays open while measured
 
-# (key, table header, unit) in table order; ``x_*`` ratios are of the guarded call overhead.
+# (key, table header, unit) in table order; ``x_*`` ratios are of the guarded call overhead,
+# call(f)-f(), to the same cell of the floor row (``Floor().call(f)``) and of fastbreaker's.
 COLUMNS = [
     ("call_ns", "call(f)-f()", "ns"),
     ("allow_ns", "allow()", "ns"),
     ("open_allow_ns", "open: allow()", "ns"),
     ("open_call_ns", "open: call", "ns"),
     ("async_ns", "async call", "ns"),
-    ("hosts_call_ns", "{hosts}: ns/call", "ns"),
+    ("x_floor", "x Floor().call(f)", "x"),
+    ("x_fastbreaker", "x fastbreaker", "x"),
+    ("hosts_call_ns", "hosts: ns/call", "ns"),
     ("bytes_per_host", "bytes/host", "B"),
     ("threads_created", "threads", ""),
-    ("x_floor", "x floor", "x"),
-    ("x_fastbreaker", "x fastbreaker", "x"),
+]
+# The text and Markdown output: two tables of at most 6 columns, so that lines stay within
+# WIDTH columns. Each title is formatted with the run's ``rounds`` and ``hosts``.
+TABLES = [
+    (
+        "ns per operation, median of {rounds} rounds (lower is faster)",
+        ["call_ns", "allow_ns", "open_allow_ns", "open_call_ns", "async_ns"],
+    ),
+    (
+        "call(f)-f() as a ratio to the floor's and to fastbreaker's; {hosts:,} hosts, one breaker "
+        "each",
+        ["x_floor", "x_fastbreaker", "hosts_call_ns", "bytes_per_host", "threads_created"],
+    ),
+]
+WIDTH = 100
+# What fastbreaker's time is compared with, per peer, in the summary.
+PEER_RATIOS = [
+    ("call_ns", "call"),
+    ("open_call_ns", "open: call"),
+    ("async_ns", "async"),
+    ("hosts_call_ns", "hosts"),
+    ("bytes_per_host", "bytes/host"),
 ]
 
 # Which baseline each kind of cell subtracts.
@@ -705,12 +729,23 @@ def _ratios(systems: Sequence[System]) -> None:
             s.results[key] = call / base if call is not None and base and base > 0 else None
 
 
-def _targets(systems: Sequence[System], loop_ns: float) -> dict[str, Any]:
-    """The compiled core against the ratios it aims for.
+TARGETS = [
+    ("allow_ns", "allow() in CLOSED", 1.15),
+    ("allow_record_ns", "allow() + record_success()", 2.5),
+    ("call_ns", "call(f) minus f()", 3.0),
+    ("open_allow_ns", "rejection in OPEN: allow() -> False", 3.0),
+    ("open_call_ns", "rejection in OPEN: call(f) raising CircuitOpenError", None),
+]
 
-    There the floor is what ``timeit`` reports for ``Floor().allow()``: the call plus one loop
-    iteration (``loop_ns``). ``allow()`` and the rejections are taken the same way, loop included;
-    ``call(f)`` minus ``f()`` is a difference, so the loop cancels out of it.
+
+def _targets(systems: Sequence[System], loop_ns: float) -> dict[str, Any]:
+    """The compiled core against the ratios its developers aim for (``--check-targets``).
+
+    These are the project's targets, not the user's: they are printed only with
+    ``--check-targets`` (and always stored in ``--json``). Every ratio there is to one floor,
+    ``Floor().allow()``, as ``timeit`` reports it: the call plus one loop iteration (``loop_ns``).
+    ``allow()`` and the rejections are taken the same way, loop included; ``call(f)`` minus
+    ``f()`` is a difference, so the loop cancels out of it.
     """
     by_key = {s.key: s.results for s in systems}
     fb, floor = by_key.get("fastbreaker"), by_key.get("floor")
@@ -718,20 +753,30 @@ def _targets(systems: Sequence[System], loop_ns: float) -> dict[str, Any]:
         return {}
     unit = floor["allow_ns"] + loop_ns
     checks = []
-    for metric, what, limit, loop in [
-        ("allow_ns", "allow() in CLOSED", 1.15, loop_ns),
-        ("allow_record_ns", "allow() + record_success()", 2.5, loop_ns),
-        ("call_ns", "call(f) minus f()", 3.0, 0.0),
-        ("open_allow_ns", "rejection in OPEN: allow() -> False", 3.0, loop_ns),
-        ("open_call_ns", "rejection in OPEN: call(f) raising CircuitOpenError", None, loop_ns),
-    ]:
+    for metric, what, limit in TARGETS:
         if fb.get(metric) is None:
             continue
+        loop = 0.0 if metric == "call_ns" else loop_ns
         ratio = (fb[metric] + loop) / unit
-        met = None if limit is None else ratio <= limit
+        met = None if limit is None else ratio <= limit  # unrounded: what is printed may round
         checks.append({"what": what, "ns": fb[metric] + loop, "x_floor": ratio, "target": limit,
                        "met": met})
-    return {"floor_ns": unit, "loop_ns": loop_ns, "checks": checks}
+    return {"floor": "Floor().allow()", "floor_ns": unit, "loop_ns": loop_ns, "checks": checks}
+
+
+def missed_targets(result: dict[str, Any]) -> list[str]:
+    """The targets the compiled core missed in ``result`` (``--check-targets`` fails on them)."""
+    checks = result.get("targets", {}).get("checks", [])
+    return [t["what"] for t in checks if t["met"] is False]
+
+
+def _ratio_vs(ratio: float, limit: float) -> str:
+    """``ratio`` with enough decimals that a missed target never prints as equal to it."""
+    for digits in range(2, 7):
+        text = f"{ratio:.{digits}f}"
+        if (ratio <= limit) == (float(text) <= limit):
+            return text
+    return repr(ratio)
 
 
 def _versions(systems: Sequence[System]) -> dict[str, str]:
@@ -774,35 +819,115 @@ def _fmt(key: str, value: Any) -> str:
     return f"{value:.1f}"
 
 
-def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    hosts = result["method"]["hosts"]
-    headers = ["system"] + [h.format(hosts=f"{hosts:,} hosts") for _, h, _ in COLUMNS]
-    rows = [
-        [row["label"]] + [_fmt(key, row.get(key)) for key, _, _ in COLUMNS]
-        for row in result["rows"]
-    ]
-    return headers, rows
+def _header(key: str) -> str:
+    return next(header for k, header, _ in COLUMNS if k == key)
+
+
+def tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The tables as text cells: ``(title, headers, rows)`` each, in ``TABLES`` order."""
+    m = result["method"]
+    out = []
+    for title, keys in TABLES:
+        headers = ["system"] + [_header(k) for k in keys]
+        rows = [[row["label"]] + [_fmt(k, row.get(k)) for k in keys] for row in result["rows"]]
+        out.append((title.format(rounds=m["rounds"], hosts=m["hosts"]), headers, rows))
+    return out
 
 
 def format_text(result: dict[str, Any]) -> str:
-    headers, rows = table_rows(result)
-    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
+    out: list[str] = []
+    for title, headers, rows in tables(result):
+        widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
 
-    def line(cells: list[str]) -> str:
-        first = [cells[0].ljust(widths[0])]
-        return "  ".join(first + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+        def line(cells: list[str]) -> str:
+            first = [cells[0].ljust(widths[0])]
+            return "  ".join(first + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
 
-    out = [line(headers), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
-    return "\n".join(out + [""] + _notes(result))
+        out += [title, line(headers), "  ".join("-" * w for w in widths)]
+        out += [line(r) for r in rows] + [""]
+    for note in _summary(result) + [""] + _notes(result) + _target_lines(result):
+        indent = " " * (len(note) - len(note.lstrip(" ")))
+        out += textwrap.wrap(note, WIDTH, subsequent_indent=indent + "  ") or [""]
+    return "\n".join(out)
 
 
 def format_markdown(result: dict[str, Any]) -> str:
-    headers, rows = table_rows(result)
-    align = "|" + "|".join([" --- "] + [" ---: "] * (len(headers) - 1)) + "|"
-    out = ["| " + " | ".join(headers) + " |", align]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    notes = [f"  - {n.strip()}" if n.startswith("  ") else f"- {n}" for n in _notes(result)]
-    return "\n".join(out + [""] + notes)
+    out: list[str] = []
+    for title, headers, rows in tables(result):
+        out += [f"**{title}**", "", "| " + " | ".join(headers) + " |"]
+        out.append("|" + "|".join([" --- "] + [" ---: "] * (len(headers) - 1)) + "|")
+        out += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    for note in _summary(result) + [""] + _notes(result) + _target_lines(result):
+        if not note:
+            out.append("")
+            continue
+        depth = (len(note) - len(note.lstrip(" "))) // 2  # two spaces a level, as in the text
+        bullet = "  " * depth + "- " + note.strip()
+        out += textwrap.wrap(bullet, WIDTH, subsequent_indent="  " * (depth + 1))
+    return "\n".join(out)
+
+
+def _ratio(value: Any, base: Any) -> Optional[float]:
+    """``value / base``, or None when either is missing or not positive (a noisy tiny run)."""
+    if value is None or base is None or value <= 0 or base <= 0:
+        return None
+    return float(value / base)
+
+
+def _x(ratio: Optional[float]) -> str:
+    return "n/a" if ratio is None else _fmt("x_", ratio)
+
+
+def _summary(result: dict[str, Any]) -> list[str]:
+    """What the user came for: the compiled core against the floors and against each peer."""
+    rows = {row["key"]: row for row in result["rows"]}
+    fb, floor = rows.get("fastbreaker"), rows.get("floor")
+    if fb is None:
+        return ["The compiled core is not in this run, so there is nothing to compare it with."]
+    out = ["fastbreaker (compiled), from the tables above:"]
+    if floor is not None:
+        for key, what, floor_what in [
+            ("allow_ns", "allow() in CLOSED", "Floor().allow()"),
+            ("call_ns", "call(f)-f()", "Floor().call(f)-f()"),
+        ]:
+            out.append(
+                f"  {what}: {_fmt(key, fb[key])} ns = {_x(_ratio(fb[key], floor[key]))} "
+                f"the floor {floor_what} ({_fmt(key, floor[key])} ns)"
+            )
+    others = [r for r in result["rows"] if r["key"] not in ("fastbreaker", "floor")]
+    if others:
+        out.append("  the others' cost as a multiple of fastbreaker (compiled)'s (higher: slower):")
+    for row in others:
+        cells = []
+        for key, what in PEER_RATIOS:
+            ratio = _ratio(row.get(key), fb.get(key))
+            if ratio is not None:
+                cells.append(f"{what} {_x(ratio)}")
+        out.append(f"    {row['label']}: {', '.join(cells) or 'n/a'}")
+    return out
+
+
+def _target_lines(result: dict[str, Any]) -> list[str]:
+    targets = result.get("targets") or {}
+    if not result.get("check_targets"):
+        return []
+    if not targets:
+        return ["--check-targets: no compiled core or no floor in this run; nothing was checked."]
+    out = [
+        f"--check-targets: the developers' targets for the compiled core, timeit-style (one loop "
+        f"iteration, {targets['loop_ns']:.1f} ns, included); every ratio is to one floor, "
+        f"{targets['floor']} = {targets['floor_ns']:.1f} ns:"
+    ]
+    for t in targets["checks"]:
+        if t["target"] is None:
+            out.append(f"  {t['what']}: {t['ns']:.1f} ns = {t['x_floor']:.2f}x {targets['floor']}")
+            continue
+        verdict = "met" if t["met"] else "MISSED"
+        out.append(
+            f"  {t['what']}: {t['ns']:.1f} ns = {_ratio_vs(t['x_floor'], t['target'])}x "
+            f"{targets['floor']}, target <= {t['target']:g}x: {verdict}"
+        )
+    return out
 
 
 def _notes(result: dict[str, Any]) -> list[str]:
@@ -811,38 +936,28 @@ def _notes(result: dict[str, Any]) -> list[str]:
     notes = [
         f"ns per operation, median of {m['rounds']} interleaved rounds (~{m['batch_ms']:g} ms "
         f"batches, {m['unroll']}x unrolled), baseline loop subtracted; GC {m['gc']}.",
+        "The floor row is the same operation on Floor(), an empty method on a Cython class: "
+        "Floor().allow() returns True, Floor().call(f) returns f(). Each ratio names its floor.",
         "call(f)-f(): a guarded call of a function doing nothing, minus calling it directly "
         f"(f() alone: {m['baselines_ns']['f()']:.1f} ns). async call: the same for `await` "
         f"(await af() alone: {m['baselines_ns']['await af()']:.1f} ns), {m['async']}.",
         "open: a breaker held OPEN; `allow()` returns False, `call` raises the library's error "
-        "(caught). x floor, x fastbreaker: ratios of call(f)-f().",
-        f"{m['hosts']:,} hosts: one breaker per host, one guarded call per host round-robin; "
-        f"bytes/host by {m['memory']}.",
+        "(caught). x Floor().call(f), x fastbreaker: call(f)-f() divided by the floor row's and "
+        "by fastbreaker (compiled)'s.",
+        f"hosts: {m['hosts']:,} hosts, one breaker per host, one guarded call per host "
+        f"round-robin; bytes/host by {m['memory']}.",
         f"threading.active_count(): {th['before']} before, {th['after']} after.",
         f"{result['date']}; {mach['python']}; {mach['platform']}; "
         f"{mach['cpu']} ({mach['cpus']} CPUs).",
         f"versions: {versions}.",
         "how each system is driven:",
     ]
-    names = {key: header.format(hosts=f"{m['hosts']:,} hosts") for key, header, _ in COLUMNS}
     for row in result["rows"]:
-        how = "; ".join(f"[{names[k]}] {v}" for k, v in row["api"].items())
+        how = "; ".join(f"[{_header(k)}] {v}" for k, v in row["api"].items())
         notes.append(f"  {row['label']}: {how}")
     for skip in result["skipped"]:
         hint = "  (pip install 'fastbreaker[bench]')" if skip["reason"] == "not installed" else ""
         notes.append(f"  skipped {skip['label']}: {skip['reason']}{hint}")
-    targets = result["targets"]
-    if targets:
-        notes.append(
-            f"the compiled core against its targets, timeit-style (one loop iteration, "
-            f"{targets['loop_ns']:.1f} ns, included; floor = Floor().allow() = "
-            f"{targets['floor_ns']:.1f} ns):"
-        )
-        for t in targets["checks"]:
-            goal = ""
-            if t["target"] is not None:
-                goal = f"  target <= {t['target']:g}x: {'met' if t['met'] else 'NOT met'}"
-            notes.append(f"  {t['what']}: {t['ns']:.1f} ns = {t['x_floor']:.2f}x floor{goal}")
     notes.append(
         "Shared machines are noisy: absolute numbers vary from run to run, the ratios carry over."
     )
@@ -856,6 +971,15 @@ _COLORS = {"fastbreaker": "#d62728", "fastbreaker_py": "#f4a582", "floor": "#7f7
 
 def plot(result: dict[str, Any], path: str) -> None:
     """A PNG bar chart of the table (matplotlib must be importable; see ``_require_matplotlib``)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(result: dict[str, Any]) -> Any:
+    """The chart: one panel per measurement, each bar labelled with its ratio to its reference."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -863,47 +987,51 @@ def plot(result: dict[str, Any], path: str) -> None:
 
     rows = result["rows"]
     hosts = result["method"]["hosts"]
+    # (metric, title, reference row, what the ratio is to); allow() is fastbreaker's permit API,
+    # which no peer has, so its bars are compared with the floor, Floor().allow().
     panels = [
-        ("call_ns", "guarded call: call(f) - f()"),
-        ("open_call_ns", "rejected call while OPEN"),
-        ("hosts_call_ns", f"{hosts:,} hosts: per guarded call"),
+        ("call_ns", "guarded call: call(f) - f()", "fastbreaker", "fastbreaker"),
+        ("allow_ns", "allow() in CLOSED (no peer has one)", "floor", "Floor().allow()"),
+        ("open_call_ns", "rejected call while OPEN", "fastbreaker", "fastbreaker"),
+        ("hosts_call_ns", f"{hosts:,} hosts: per guarded call", "fastbreaker", "fastbreaker"),
     ]
     labels = [r["label"] for r in rows]
-    fig, axes = plt.subplots(1, len(panels), figsize=(15, 0.5 * len(rows) + 2.2), sharey=True)
-    ref = next((r for r in rows if r["key"] == "fastbreaker"), None)
-    for ax, (key, title) in zip(axes, panels):
+    height = 0.45 * len(rows) + 1.4
+    fig, axes = plt.subplots(2, 2, figsize=(14, 2 * height + 1.0), sharey=True)
+    by_key = {r["key"]: r for r in rows}
+    for ax, (key, title, ref_key, ref_name) in zip(axes.flat, panels):
         values = [r.get(key) for r in rows]
         shown = [v if v is not None and v > 0 else 0 for v in values]
         colors = [_COLORS.get(r["key"], "#1f77b4") for r in rows]
-        y = range(len(rows))
-        ax.barh(y, shown, color=colors)
-        ax.set_title(title, fontsize=11)
+        ax.barh(range(len(rows)), shown, color=colors)
+        ax.set_title(f"{title}  (x = times {ref_name})", fontsize=10)
         ax.set_xlabel("ns per operation (shorter is faster)")
         top = max(shown) if any(shown) else 1
-        ax.set_xlim(0, top * 1.45)  # room for the labels
-        base = ref.get(key) if ref else None
+        ax.set_xlim(0, top * 1.5)  # room for the labels
+        base = by_key.get(ref_key, {}).get(key)
         for i, v in enumerate(values):
             if v is None or v <= 0:
                 ax.text(top * 0.02, i, "n/a", va="center", fontsize=9, color="#555555")
                 continue
             text = f"{v:,.0f} ns" if v >= 100 else f"{v:.1f} ns"
-            if base and rows[i]["key"] != "fastbreaker" and rows[i]["key"] != "floor":
-                text += f"  ({v / base:.0f}x)" if v / base >= 10 else f"  ({v / base:.1f}x)"
+            ratio = _ratio(v, base)
+            if ratio is not None and rows[i]["key"] != ref_key:
+                text += f"  ({_x(ratio)})"
             ax.text(v + top * 0.02, i, text, va="center", fontsize=9)
         ax.grid(axis="x", which="major", alpha=0.3)
-    axes[0].set_yticks(list(range(len(rows))))
-    axes[0].set_yticklabels(labels)
-    axes[0].invert_yaxis()
+    for ax in axes[:, 0]:
+        ax.set_yticks(list(range(len(rows))))
+        ax.set_yticklabels(labels)
+    axes[0, 0].invert_yaxis()
     mach = result["machine"]
     fig.suptitle(
-        f"python -m fastbreaker: ns per operation, median of {result['method']['rounds']} rounds "
-        f"(x = times fastbreaker compiled)\n{mach['python']}, {mach['cpu']} ({mach['cpus']} CPUs), "
+        f"python -m fastbreaker: ns per operation, median of {result['method']['rounds']} rounds"
+        f"\n{mach['python']}, {mach['cpu']} ({mach['cpus']} CPUs), "
         f"{result['date'][:10]}; shared machines are noisy, the ratios carry over",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _require_matplotlib() -> Optional[str]:
@@ -932,6 +1060,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--check-targets",
+        action="store_true",
+        help="also check the compiled core against the developers' targets (ratios to "
+        "Floor().allow()); exit with status 1 when one is missed",
+    )
     # For tests and CI smoke runs: FASTBREAKER_REPORT_TINY=1 (or these) makes a run of seconds
     # whose numbers mean nothing but whose every path runs.
     tiny = bool(os.environ.get("FASTBREAKER_REPORT_TINY"))
@@ -965,6 +1099,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["command"] = "python -m fastbreaker" + "".join(
         " " + a for a in (sys.argv[1:] if argv is None else argv)
     )
+    result["check_targets"] = args.check_targets
     if args.json == "-":
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -978,4 +1113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.plot:
         plot(result, args.plot)
         progress(f"wrote {args.plot}")
+    if args.check_targets:
+        missed = missed_targets(result)
+        if not result.get("targets"):
+            print("python -m fastbreaker: --check-targets needs the compiled core and the floor",
+                  file=sys.stderr)
+            return 1
+        if missed:
+            print(f"python -m fastbreaker: targets missed: {'; '.join(missed)}", file=sys.stderr)
+            return 1
     return 0
