@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastbreaker import _budget_py, _retry
+from fastbreaker import _budget_py, _options, _retry
 from fastbreaker.testing import FakeClock, instant_retries
 
 # Pinned jitter and the process-wide test mode: not for pytest-run-parallel.
@@ -88,7 +88,7 @@ def test_budget_matches_an_exact_model(
     a retry exactly when the model holds a token (within that tolerance)."""
     clock = FakeClock(10**12)
     b = fb.RetryBudget(ratio, capacity, rate, clock=clock)
-    deposit, cap, rate_u = _budget_py._config(ratio, capacity, rate)
+    deposit, cap, rate_u = _options.budget_units(ratio, capacity, rate)
     model = Fraction(cap)  # units
     last = clock()
     refills = 0

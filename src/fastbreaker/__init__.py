@@ -8,20 +8,17 @@ which one is in use. A missing extension on CPython is an error, never a silent 
 from __future__ import annotations
 
 import os
-import platform
+from typing import TYPE_CHECKING
 
 from ._errors import BreakerError, CircuitOpenError, DeadlineExceeded, State
+from ._select import COMPILED
 
-COMPILED: bool = platform.python_implementation() == "CPython" and not os.environ.get(
-    "FASTBREAKER_NO_EXTENSIONS"
-)
-
-if COMPILED:
+if TYPE_CHECKING or not COMPILED:
+    from ._breaker_py import CircuitBreaker, Metrics
+    from ._budget_py import RetryBudget
+else:
     from ._breaker_c import CircuitBreaker, Metrics
     from ._budget_c import RetryBudget
-else:
-    from ._breaker_py import CircuitBreaker, Metrics
-    from ._budget_py import RetryBudget  # type: ignore[assignment]
 
 from . import testing
 from ._deadline import Deadline, current_deadline, deadline

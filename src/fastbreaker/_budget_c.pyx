@@ -10,7 +10,8 @@ are thin wrappers that read a Python clock, when one is given, and pass ``now`` 
 cimport cython
 from libc.stdint cimport int64_t
 
-from ._budget_py import UNIT as _PY_UNIT, _check_clock, _config, _now
+from ._durations import check_clock as _check_clock, read_clock as _now
+from ._options import TOKEN_UNIT as _PY_UNIT, budget_units as _config
 from ._errors import not_copyable as _not_copyable
 
 cdef extern from "_fb_atomic.h" nogil:

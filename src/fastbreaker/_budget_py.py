@@ -19,50 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from ._durations import check_clock, read_clock
+from ._options import TOKEN_UNIT as UNIT, budget_units
 from ._errors import not_copyable
 
 __all__ = ["RetryBudget"]
 
-UNIT = 1_000_000
-"""Fixed-point units per token."""
-
-MAX_TOKENS = 10**12
-"""Upper bound of ``capacity`` and ``ratio``: capacity + deposit stays far below 2**63 units."""
-
-MAX_RATE = 10**6
-"""Upper bound of ``min_per_sec``: the sub-second refill product stays below 2**63."""
-
 _US_PER_SEC = 1_000_000
-
-
-def _units(value: object, name: str, lo: int, hi: int) -> int:
-    """Validate a token amount in ``[lo, hi]`` and return it in fixed-point units."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
-    if not lo <= value <= hi:  # also rejects NaN
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
-    return round(value * UNIT)
-
-
-def _config(ratio: object, capacity: object, min_per_sec: object) -> tuple[int, int, int]:
-    """Validate the options; return ``(deposit, capacity, rate)`` in units (rate: units/s).
-
-    Shared with ``_budget_c`` so that both implementations round the options identically.
-    """
-    return (
-        _units(ratio, "ratio", 0, MAX_TOKENS),
-        _units(capacity, "capacity", 1, MAX_TOKENS),
-        _units(min_per_sec, "min_per_sec", 0, MAX_RATE),
-    )
-
-
-def _check_clock(clock: object) -> None:
-    check_clock(clock)
-
-
-def _now(clock: Callable[[], int]) -> int:
-    """Read a Python clock: an int of nanoseconds in [0, 2**63 - 1] (else an error naming it)."""
-    return read_clock(clock)
 
 
 def _initialised(obj: object) -> bool:
@@ -129,12 +91,12 @@ class RetryBudget:
     ) -> None:
         if _initialised(self):
             raise RuntimeError("RetryBudget.__init__ called twice: create a new budget")
-        self._deposit, self._capacity, self._rate = _config(ratio, capacity, min_per_sec)
-        _check_clock(clock)
+        self._deposit, self._capacity, self._rate = budget_units(ratio, capacity, min_per_sec)
+        check_clock(clock)
         self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
         self._lock = threading.Lock()
         self._tokens = self._capacity
-        self._last_ns = _now(self._clock)
+        self._last_ns = read_clock(self._clock)
 
     def record_success(self) -> None:
         """Deposit ``ratio`` tokens, up to ``capacity``. Never reads the clock."""
@@ -143,7 +105,7 @@ class RetryBudget:
 
     def allow_retry(self) -> bool:
         """Take one token if at least one is available (after the lazy refill); else ``False``."""
-        now = _now(self._clock)
+        now = read_clock(self._clock)
         with self._lock:
             self._refill(now)
             if self._tokens < UNIT:
@@ -154,7 +116,7 @@ class RetryBudget:
     @property
     def tokens(self) -> float:
         """The tokens available now, including what has accrued since the last refill."""
-        now = _now(self._clock)
+        now = read_clock(self._clock)
         with self._lock:
             self._refill(now)
             return float(self._tokens) / UNIT

@@ -8,11 +8,11 @@ test on both).
 
 from __future__ import annotations
 
-import os
-import platform
 import types
+from typing import TYPE_CHECKING
 
 from ._map_py import MapMetrics
+from ._select import COMPILED
 
 __all__ = ["BreakerMap", "MapMetrics", "map_class"]
 
@@ -30,8 +30,7 @@ def map_class(core: types.ModuleType) -> type:
     raise TypeError(f"core must be fastbreaker._breaker_c or fastbreaker._breaker_py, got {core!r}")
 
 
-# Chosen exactly as __init__.py chooses the core (it imports this module after the core).
-if platform.python_implementation() == "CPython" and not os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
-    from ._map_c import BreakerMap
-else:
+if TYPE_CHECKING or not COMPILED:
     from ._map_py import BreakerMap
+else:
+    from ._map_c import BreakerMap

@@ -23,6 +23,8 @@ __all__ = [
     "OUT_NEUTRAL",
     "MAX_WINDOW",
     "MAX_PROBES",
+    "TOKEN_UNIT",
+    "budget_units",
 ]
 
 #: Outcome codes passed from the call paths to the cores.
@@ -213,3 +215,31 @@ class BreakerOptions:
             "ignore": self.ignore,
             "clock": self.clock,
         }
+
+
+# -- RetryBudget ---------------------------------------------------------------------------------
+#: Fixed-point units per retry token (both budget cores count in these).
+TOKEN_UNIT = 1_000_000
+#: Upper bound of ``capacity`` and ``ratio``: capacity + deposit stays far below 2**63 units.
+MAX_TOKENS = 10**12
+#: Upper bound of ``min_per_sec``: the sub-second refill product stays below 2**63.
+MAX_RATE = 10**6
+
+
+def _token_units(value: object, name: str, lo: int, hi: int) -> int:
+    """Validate a token amount in ``[lo, hi]`` and return it in fixed-point units."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:  # also rejects NaN
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+    return round(value * TOKEN_UNIT)
+
+
+def budget_units(ratio: object, capacity: object, min_per_sec: object) -> tuple[int, int, int]:
+    """Validate a RetryBudget's options; return ``(deposit, capacity, rate)`` in token units
+    (rate: units per second). Both budget cores use it, so they round the options identically."""
+    return (
+        _token_units(ratio, "ratio", 0, MAX_TOKENS),
+        _token_units(capacity, "capacity", 1, MAX_TOKENS),
+        _token_units(min_per_sec, "min_per_sec", 0, MAX_RATE),
+    )

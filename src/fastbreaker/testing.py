@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import threading
 import types
 from collections.abc import Iterator
@@ -79,15 +78,16 @@ def implementations() -> dict[str, types.SimpleNamespace]:
     """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
 
     Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
-    ``RetryBudget`` and ``BreakerMap`` taken from that core, and ``impl`` naming it. With
-    ``FASTBREAKER_NO_EXTENSIONS`` set there is only ``"python"``.
+    ``RetryBudget`` and ``BreakerMap`` taken from that core, and ``impl`` naming it. Where
+    ``import fastbreaker`` uses the twin (``FASTBREAKER_NO_EXTENSIONS`` set, or an interpreter
+    other than CPython) there is only ``"python"``.
     """
     import fastbreaker
 
-    from . import _breaker_py, _budget_py, _map
+    from . import _breaker_py, _budget_py, _map, _select
 
     cores: dict[str, tuple[types.ModuleType, types.ModuleType]] = {}
-    if not os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
+    if _select.COMPILED:
         from . import _breaker_c, _budget_c
 
         cores["c"] = (_breaker_c, _budget_c)

@@ -1,0 +1,72 @@
+"""The package's shape: compiled modules and their twins are siblings, never a chain.
+
+A compiled module (``*_c.pyx``) imports no twin (``*_py.py``) and a twin imports no compiled
+module; what both need lives in neutral modules (``_options``, ``_durations``, ``_calls``,
+``_errors``, ...). The test reads the import statements of every module of the package.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import fastbreaker
+
+PKG = os.path.dirname(fastbreaker.__file__)
+FROM_DOT = re.compile(r"^\s*from\s+\.([\w.]*)\s+c?import\s+(.+)$", re.M)
+
+
+def local_imports(path: str) -> set[str]:
+    """The fastbreaker modules that ``path`` imports (relative imports; names after 'from .')."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    found: set[str] = set()
+    if path.endswith(".py"):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                if node.module:
+                    found.add(node.module.split(".")[0])
+                else:
+                    found.update(alias.name for alias in node.names)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                mod = node.module if isinstance(node, ast.ImportFrom) else None
+                names = [mod] if mod else [a.name for a in node.names]  # type: ignore[union-attr]
+                for name in names:
+                    if name and name.startswith("fastbreaker."):
+                        found.add(name.split(".")[1])
+    else:  # .pyx / .pxd
+        for mod, names in FROM_DOT.findall(text):
+            if mod:
+                found.add(mod.split(".")[0])
+            else:
+                found.update(n.strip().split(" as ")[0] for n in names.strip("()").split(","))
+    return found
+
+
+def modules() -> dict[str, str]:
+    out = {}
+    for f in sorted(os.listdir(PKG)):
+        if f.endswith((".py", ".pyx", ".pxd")):
+            out.setdefault(f.rsplit(".", 1)[0], os.path.join(PKG, f))
+            if f.endswith(".pyx"):
+                out[f.rsplit(".", 1)[0]] = os.path.join(PKG, f)
+    return out
+
+
+def test_compiled_modules_and_twins_do_not_import_each_other() -> None:
+    chains = []
+    for name, path in modules().items():
+        for dep in local_imports(path):
+            if name.endswith("_c") and dep.endswith("_py"):
+                chains.append(f"{os.path.basename(path)} imports the twin {dep}")
+            if name.endswith("_py") and dep.endswith("_c"):
+                chains.append(f"{os.path.basename(path)} imports the compiled {dep}")
+    assert not chains, chains
+
+
+def test_the_import_reader_sees_imports() -> None:
+    # the reader itself: it must find what these modules are known to import
+    assert "_calls" in local_imports(os.path.join(PKG, "_breaker_c.pyx"))
+    assert "_options" in local_imports(os.path.join(PKG, "_breaker_py.py"))
+    assert "_select" in local_imports(os.path.join(PKG, "__init__.py"))
