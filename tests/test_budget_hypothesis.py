@@ -138,8 +138,8 @@ def test_budget_matches_an_exact_model(
 @settings(max_examples=1000)
 def test_full_jitter_bounds(n: int, base: float, extra: float, u: float) -> None:
     cap = base + extra
-    policy = _retry._Policy(KeyError, 3, base, cap, None, None, None)
-    delay = _retry._jitter(n, policy.base_ns, policy.cap_ns, u)
+    policy = _retry.Policy(KeyError, 3, base, cap, None, None, None)
+    delay = _retry.jitter(n, policy.base_ns, policy.cap_ns, u)
     ceiling = min(Fraction(policy.cap_ns), Fraction(policy.base_ns) * 2 ** min(n, 200)) / 10**9
     assert 0 <= delay <= float(ceiling)
     # And against the float formula of the issue, allowing for base and cap in whole ns.
@@ -183,7 +183,7 @@ def test_retry_deadline_budget_interplay(
             clock._ns += round(delay * 1e9)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(_retry, "_uniform", lambda: u)
+    mp.setattr(_retry, "uniform", lambda: u)
     try:
         with instant_retries():
             g = fb.retry(on=ConnectionError, attempts=attempts, base=base_ms / 1000,

@@ -159,7 +159,7 @@ def delays() -> Iterator[list[float]]:
 @pytest.fixture
 def pin_jitter(monkeypatch: pytest.MonkeyPatch) -> Any:
     def pin(u: float) -> None:
-        monkeypatch.setattr(_retry, "_uniform", lambda: u)
+        monkeypatch.setattr(_retry, "uniform", lambda: u)
 
     return pin
 

@@ -70,3 +70,50 @@ def test_the_import_reader_sees_imports() -> None:
     assert "_calls" in local_imports(os.path.join(PKG, "_breaker_c.pyx"))
     assert "_options" in local_imports(os.path.join(PKG, "_breaker_py.py"))
     assert "_select" in local_imports(os.path.join(PKG, "__init__.py"))
+
+
+PROTOCOL_PRIVATES = {"_permit_or_raise", "_finish", "_now", "_open_error", "_config", "_set_config"}
+
+
+def private_uses(path: str) -> list[str]:
+    """Private names of other fastbreaker modules that the module at ``path`` uses."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    modules: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            for alias in node.names:
+                if node.module is None:
+                    modules.add(alias.asname or alias.name)  # from .. import _retry: a module
+                elif alias.name.startswith("_"):
+                    found.append(f"imports {alias.name} from {node.module}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Name) and node.value.id in modules:
+                found.append(f"{node.value.id}.{node.attr}")
+            elif node.attr in PROTOCOL_PRIVATES and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            ):
+                found.append(f"<breaker>.{node.attr}")
+    return found
+
+
+def test_compat_and_contrib_use_no_private_name_of_another_module() -> None:
+    bad = {}
+    for sub in ("compat", "contrib"):
+        folder = os.path.join(PKG, sub)
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".py"):
+                uses = private_uses(os.path.join(folder, f))
+                if uses:
+                    bad[f"{sub}/{f}"] = sorted(set(uses))
+    assert not bad, bad
+
+
+def test_the_private_use_reader_sees_private_uses(tmp_path: object) -> None:
+    import pathlib
+
+    p = pathlib.Path(str(tmp_path)) / "m.py"
+    p.write_text("from .. import _retry\nfrom .._deadline import _current\n_retry._sleep(1)\nb._finish(1, 2)\n")
+    assert sorted(private_uses(str(p))) == ["<breaker>._finish", "_retry._sleep", "imports _current from _deadline"]

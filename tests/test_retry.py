@@ -23,7 +23,7 @@ pytestmark = pytest.mark.thread_unsafe
 
 
 @pytest.fixture(autouse=True)
-def _instant() -> Iterator[list[float]]:
+def instant_blocks() -> Iterator[list[float]]:
     with instant_retries() as delays:
         yield delays
 
@@ -33,7 +33,7 @@ def pin_jitter(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Pin the uniform draw of the full jitter: ``pin_jitter(0.5)``."""
 
     def pin(u: float) -> None:
-        monkeypatch.setattr(_retry, "_uniform", lambda: u)
+        monkeypatch.setattr(_retry, "uniform", lambda: u)
 
     return pin
 
@@ -78,14 +78,14 @@ class SpyBudget:
 # --- the decorator, sync ----------------------------------------------------------------------
 
 
-def test_success_first_time_calls_once(fb: types.SimpleNamespace, _instant: list[float]) -> None:
+def test_success_first_time_calls_once(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     f = Flaky(value=42)
     assert fb.retry(on=ConnectionError)(f)(1, x=2) == 42
     assert f.calls == 1
-    assert _instant == []
+    assert instant_blocks == []
 
 
-def test_retries_until_success(fb: types.SimpleNamespace, _instant: list[float]) -> None:
+def test_retries_until_success(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     f = Flaky(ConnectionError("a"), ConnectionError("b"))
     seen: list[tuple[int, str, float]] = []
     g = fb.retry(
@@ -94,7 +94,7 @@ def test_retries_until_success(fb: types.SimpleNamespace, _instant: list[float])
     assert g() == "ok"
     assert f.calls == 3
     assert [(a, e) for a, e, _ in seen] == [(1, "a"), (2, "b")]
-    assert [d for *_, d in seen] == _instant  # on_retry sees the delay that is slept
+    assert [d for *_, d in seen] == instant_blocks  # on_retry sees the delay that is slept
 
 
 def test_attempts_exhausted_reraises_the_last_error_unchanged(fb: types.SimpleNamespace) -> None:
@@ -167,7 +167,7 @@ def test_the_predicate_can_raise(fb: types.SimpleNamespace) -> None:
         fb.retry(on=on)(Flaky(ConnectionError()))()
 
 
-def test_on_retry_error_propagates(fb: types.SimpleNamespace, _instant: list[float]) -> None:
+def test_on_retry_error_propagates(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     def on_retry(attempt: int, exc: Exception, delay: float) -> None:
         raise RuntimeError("hook")
 
@@ -175,7 +175,7 @@ def test_on_retry_error_propagates(fb: types.SimpleNamespace, _instant: list[flo
     with pytest.raises(RuntimeError, match="hook"):
         fb.retry(on=ConnectionError, on_retry=on_retry)(f)()
     assert f.calls == 1
-    assert _instant == []  # no sleep after the hook failed
+    assert instant_blocks == []  # no sleep after the hook failed
 
 
 def test_signature_and_metadata_are_kept(fb: types.SimpleNamespace) -> None:
@@ -305,7 +305,7 @@ def test_real_random_delays_stay_in_bounds(fb: types.SimpleNamespace) -> None:
 def test_huge_retry_numbers_do_not_overflow_or_slow_down() -> None:
     t0 = time.perf_counter()
     for n in (62, 63, 1024, 10**6, 10**18, 2**200):
-        assert _retry._jitter(n, 1, 2**62, 0.5) == 0.5 * 2**62 / 1e9
+        assert _retry.jitter(n, 1, 2**62, 0.5) == 0.5 * 2**62 / 1e9
         assert _retry._ceiling_ns(n, 50_000_000, 2_000_000_000) == 2_000_000_000
     assert time.perf_counter() - t0 < 0.05
     assert _retry._ceiling_ns(61, 1, 2**62) == 2**61
@@ -378,7 +378,7 @@ def test_deadline_expired_between_attempts_raises_chained(
 
 
 def test_deadline_refuses_a_delay_that_would_end_past_it(
-    fb: types.SimpleNamespace, clock: FakeClock, pin_jitter: Any, _instant: list[float]
+    fb: types.SimpleNamespace, clock: FakeClock, pin_jitter: Any, instant_blocks: list[float]
 ) -> None:
     pin_jitter(0.5)  # delays 0.5, 1.0, 2.0 with base=1, cap=4
     d = fb.Deadline.after(2.0, clock=clock)
@@ -387,7 +387,7 @@ def test_deadline_refuses_a_delay_that_would_end_past_it(
         fb.retry(on=ConnectionError, attempts=5, base=1, cap=4, deadline=d)(f)()
     # 0.1 + 0.5 (instant sleep: the clock does not move) + 0.1 ... the third delay (2.0) is refused.
     assert f.calls == 3
-    assert _instant == [0.5, 1.0]
+    assert instant_blocks == [0.5, 1.0]
     assert info.value.__cause__ is f.raised[-1]
 
 
@@ -517,7 +517,7 @@ async def test_concurrent_tasks_keep_separate_attempt_counts(fb: types.SimpleNam
 # --- async decorator ----------------------------------------------------------------------------
 
 
-async def test_async_retries_and_reraises(fb: types.SimpleNamespace, _instant: list[float]) -> None:
+async def test_async_retries_and_reraises(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     f = Flaky(ConnectionError(), ConnectionError(), ConnectionError())
 
     @fb.retry(on=ConnectionError, attempts=3)
@@ -527,7 +527,7 @@ async def test_async_retries_and_reraises(fb: types.SimpleNamespace, _instant: l
     with pytest.raises(ConnectionError) as info:
         await op()
     assert info.value is f.raised[-1]
-    assert f.calls == 3 and len(_instant) == 2
+    assert f.calls == 3 and len(instant_blocks) == 2
 
     g = Flaky(ConnectionError())
     spy = SpyBudget()
@@ -568,7 +568,7 @@ async def test_async_deadline_and_circuit_open(fb: types.SimpleNamespace, clock:
 def test_real_sleep_when_not_in_test_mode(fb: types.SimpleNamespace, pin_jitter: Any) -> None:
     pin_jitter(0.999)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_retry, "_instant", [])
+        mp.setattr(_retry, "instant_blocks", [])
         t0 = time.perf_counter()
         assert fb.retry(on=KeyError, base=0.002, cap=0.002)(Flaky(KeyError()))() == "ok"
         assert time.perf_counter() - t0 >= 0.0019
@@ -585,7 +585,7 @@ async def test_real_async_sleep_when_not_in_test_mode(
         return f()
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_retry, "_instant", [])
+        mp.setattr(_retry, "instant_blocks", [])
         t0 = time.perf_counter()
         assert await op() == "ok"
         assert time.perf_counter() - t0 >= 0.0019
@@ -597,21 +597,21 @@ def test_instant_retries_skips_sleeps_and_reports_them(
     pin_jitter(0.5)
     f = Flaky(KeyError(), KeyError())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_retry, "_instant", [])
+        mp.setattr(_retry, "instant_blocks", [])
         with instant_retries() as outer:
             with instant_retries() as inner:
                 t0 = time.perf_counter()
                 assert fb.retry(on=KeyError, base=10, cap=60)(f)() == "ok"
                 assert time.perf_counter() - t0 < 1  # 5 s + 10 s were not slept
             assert inner == outer == [5.0, 10.0]
-            assert _retry._instant == [outer]
-        assert _retry._instant == []
+            assert _retry.instant_blocks == [outer]
+        assert _retry.instant_blocks == []
 
 
 def test_instant_retries_works_from_other_threads(fb: types.SimpleNamespace) -> None:
     # "Anywhere in the process": a thread started inside the block does not sleep either.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_retry, "_instant", [])
+        mp.setattr(_retry, "instant_blocks", [])
         with instant_retries() as delays:
             t = threading.Thread(target=fb.retry(on=KeyError, base=30, cap=30)(Flaky(KeyError())))
             t0 = time.perf_counter()
@@ -624,7 +624,7 @@ def test_instant_retries_works_from_other_threads(fb: types.SimpleNamespace) -> 
 # --- the block form -----------------------------------------------------------------------------
 
 
-def test_block_form_retries_until_success(fb: types.SimpleNamespace, _instant: list[float]) -> None:
+def test_block_form_retries_until_success(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     f = Flaky(KeyError(), KeyError())
     numbers: list[int] = []
     after: list[int] = []
@@ -636,7 +636,7 @@ def test_block_form_retries_until_success(fb: types.SimpleNamespace, _instant: l
     assert result == "ok"
     assert numbers == [1, 2, 3]
     assert after == [1, 2, 3]  # swallowed failures continue the body, as another attempt follows
-    assert len(_instant) == 2
+    assert len(instant_blocks) == 2
     assert repr(attempt) == "<Attempt 3>"
 
 
@@ -716,7 +716,7 @@ def test_block_form_without_with_stops_after_one_attempt(fb: types.SimpleNamespa
     assert numbers == [1]
 
 
-async def test_async_block_form(fb: types.SimpleNamespace, _instant: list[float]) -> None:
+async def test_async_block_form(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     f = Flaky(KeyError(), KeyError())
     numbers: list[int] = []
     async for attempt in fb.retrying(on=KeyError, attempts=3):
@@ -724,7 +724,7 @@ async def test_async_block_form(fb: types.SimpleNamespace, _instant: list[float]
             numbers.append(attempt.number)
             await asyncio.sleep(0)
             f()
-    assert numbers == [1, 2, 3] and len(_instant) == 2
+    assert numbers == [1, 2, 3] and len(instant_blocks) == 2
 
     g = Flaky(*(KeyError(i) for i in range(3)))
     with pytest.raises(KeyError) as info:

@@ -44,12 +44,12 @@ def success_outcome(breaker: Any, elapsed: object) -> int:
     return OUT_SLOW if slow_ns and ns >= slow_ns else OUT_SUCCESS
 
 
-def _timed_outcome(breaker: Any, start: int) -> int:
+def timed_outcome(breaker: Any, start: int) -> int:
     slow_ns = breaker._config.options.slow_ns
     return OUT_SLOW if slow_ns and breaker._now() - start >= slow_ns else OUT_SUCCESS
 
 
-def _start(breaker: Any) -> int:
+def start_ns(breaker: Any) -> int:
     return breaker._now() if breaker._config.options.slow_ns else 0
 
 
@@ -60,7 +60,7 @@ def _start(breaker: Any) -> int:
 def start_or_release(breaker: Any, permit: int) -> int:
     """The start time of a timed call (0 if untimed); on a clock error, release ``permit``."""
     try:
-        return _start(breaker)
+        return start_ns(breaker)
     except BaseException:
         breaker._finish(permit, OUT_NEUTRAL)
         raise
@@ -69,7 +69,7 @@ def start_or_release(breaker: Any, permit: int) -> int:
 def finish_returned(breaker: Any, permit: int, start: int) -> None:
     """Record the outcome of a call that returned (slow or success)."""
     try:
-        outcome = _timed_outcome(breaker, start)
+        outcome = timed_outcome(breaker, start)
     except BaseException:
         breaker._finish(permit, OUT_SUCCESS)
         raise

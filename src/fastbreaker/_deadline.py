@@ -80,7 +80,7 @@ class Deadline:
         reserve_ns = seconds_to_ns(reserve, "reserve")
         return max(0, self._at_ns - self._clock() - reserve_ns) / 1e9
 
-    def _remaining_ns(self) -> int:
+    def remaining_ns(self) -> int:
         return self._at_ns - self._clock()
 
     def __repr__(self) -> str:
@@ -96,7 +96,7 @@ def earlier(a: Deadline | None, b: Deadline | None) -> Deadline | None:
     if a._clock is b._clock:
         return a if a._at_ns <= b._at_ns else b
     # Different clocks (a test clock and the real one): compare what is left on each.
-    return a if a._remaining_ns() <= b._remaining_ns() else b
+    return a if a.remaining_ns() <= b.remaining_ns() else b
 
 
 def current_deadline() -> Deadline | None:

@@ -28,7 +28,7 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from random import random as _uniform  # [0, 1); a module global so that tests can pin it
+from random import random as uniform  # [0, 1); a module global so that tests can pin it
 from time import monotonic_ns as _monotonic_ns
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
@@ -63,24 +63,28 @@ class Budget(Protocol):
 
 # While fastbreaker.testing.instant_retries() is active this holds one list per active block;
 # retries then do not sleep and append each delay to every list instead.
-_instant: list[list[float]] = []
+instant_blocks: list[list[float]] = []
 
 
-def _sleep(delay: float) -> None:
-    if _instant:
-        for record in tuple(_instant):
-            record.append(delay)
-        return
-    time.sleep(delay)
+def skip_sleep(delay: float) -> bool:
+    """Inside ``testing.instant_retries()``: record ``delay`` in every active block and return
+    True (the caller does not sleep). Otherwise False."""
+    if not instant_blocks:
+        return False
+    for record in tuple(instant_blocks):
+        record.append(delay)
+    return True
 
 
-async def _async_sleep(delay: float) -> None:
-    if _instant:
-        for record in tuple(_instant):
-            record.append(delay)
-        await asyncio.sleep(0)
-        return
-    await asyncio.sleep(delay)
+def sleep(delay: float) -> None:
+    """Sleep between attempts (not at all inside ``testing.instant_retries()``)."""
+    if not skip_sleep(delay):
+        time.sleep(delay)
+
+
+async def async_sleep(delay: float) -> None:
+    """Await between attempts (one scheduling point only inside ``instant_retries()``)."""
+    await asyncio.sleep(0 if skip_sleep(delay) else delay)
 
 
 def _ceiling_ns(n: int, base_ns: int, cap_ns: int) -> int:
@@ -96,7 +100,7 @@ def _ceiling_ns(n: int, base_ns: int, cap_ns: int) -> int:
     return min(cap_ns, base_ns << n)
 
 
-def _jitter(n: int, base_ns: int, cap_ns: int, u: float) -> float:
+def jitter(n: int, base_ns: int, cap_ns: int, u: float) -> float:
     """Full jitter: ``u`` in [0, 1) scaled to [0, ceiling] seconds."""
     return u * _ceiling_ns(n, base_ns, cap_ns) / 1e9
 
@@ -119,7 +123,7 @@ def _matcher(on: object) -> Callable[[Exception], bool]:
     )
 
 
-class _Policy:
+class Policy:
     """The validated options of one ``retry``/``retrying``; shared, never mutated."""
 
     __slots__ = (
@@ -181,9 +185,9 @@ class _Policy:
             return None
         if attempt >= self.attempts:
             return None
-        delay = _jitter(attempt - 1, self.base_ns, self.cap_ns, _uniform())
+        delay = jitter(attempt - 1, self.base_ns, self.cap_ns, uniform())
         if dl is not None:
-            left_ns = dl._remaining_ns()
+            left_ns = dl.remaining_ns()
             if left_ns <= 0:
                 raise DeadlineExceeded(
                     f"deadline expired after attempt {attempt} of {self.attempts}"
@@ -200,7 +204,7 @@ class _Policy:
         return delay
 
 
-def _expired(attempt: int, last: BaseException | None) -> DeadlineExceeded:
+def expired(attempt: int, last: BaseException | None) -> DeadlineExceeded:
     err = DeadlineExceeded(f"deadline expired before attempt {attempt}")
     err.__cause__ = last
     err.__suppress_context__ = True
@@ -234,7 +238,7 @@ def retry(
     Put a breaker above the retry (``@breaker`` then ``@fb.retry(...)``) so that it sees one
     outcome per operation.
     """
-    policy = _Policy(on, attempts, base, cap, budget, deadline, on_retry)
+    policy = Policy(on, attempts, base, cap, budget, deadline, on_retry)
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
         if _calls.kind(fn) == "async":  # an instance with `async def __call__` too
@@ -244,7 +248,7 @@ def retry(
     return decorate
 
 
-def _sync_wrapper(policy: _Policy, fn: Callable[P, T]) -> Callable[P, T]:
+def _sync_wrapper(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
     budget = policy.budget
     current = _current.get
 
@@ -253,7 +257,7 @@ def _sync_wrapper(policy: _Policy, fn: Callable[P, T]) -> Callable[P, T]:
     def retrying_call(*args: P.args, **kwargs: P.kwargs) -> T:
         dl = current()
         if dl is not None and dl.expired():
-            raise _expired(1, None)
+            raise expired(1, None)
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
@@ -267,10 +271,10 @@ def _sync_wrapper(policy: _Policy, fn: Callable[P, T]) -> Callable[P, T]:
             return result
         attempt = 1
         while True:
-            _sleep(delay)
+            sleep(delay)
             attempt += 1
             if dl is not None and dl.expired():
-                raise _expired(attempt, last)
+                raise expired(attempt, last)
             try:
                 result = fn(*args, **kwargs)
             except Exception as exc:
@@ -288,7 +292,7 @@ def _sync_wrapper(policy: _Policy, fn: Callable[P, T]) -> Callable[P, T]:
     return _with_own_deadline(policy, fn, retrying_call)
 
 
-def _with_own_deadline(policy: _Policy, fn: Callable[P, T], call: Callable[P, T]) -> Callable[P, T]:
+def _with_own_deadline(policy: Policy, fn: Callable[P, T], call: Callable[P, T]) -> Callable[P, T]:
     # deadline= given: it (or an earlier current one) is the current deadline inside the call,
     # so that the retry loop and any code it calls see the same one.
     @functools.wraps(fn)
@@ -302,7 +306,7 @@ def _with_own_deadline(policy: _Policy, fn: Callable[P, T], call: Callable[P, T]
     return retrying_call
 
 
-def _async_wrapper(policy: _Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
+def _async_wrapper(policy: Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
     budget = policy.budget
     current = _current.get
 
@@ -315,7 +319,7 @@ def _async_wrapper(policy: _Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
             last: Exception | None = None
             while True:
                 if dl is not None and dl.expired():
-                    raise _expired(attempt, last)
+                    raise expired(attempt, last)
                 try:
                     result = await fn(*args, **kwargs)
                 except Exception as exc:
@@ -327,7 +331,7 @@ def _async_wrapper(policy: _Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
                     if budget is not None:
                         budget.record_success()
                     return result
-                await _async_sleep(delay)
+                await async_sleep(delay)
                 attempt += 1
         finally:
             if token is not None:
@@ -378,7 +382,7 @@ class _Run:
 
     __slots__ = ("policy", "dl", "explicit", "attempt", "delay", "last", "done")
 
-    def __init__(self, policy: _Policy) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.explicit = policy.deadline is not None
         self.dl = policy.start()
@@ -420,7 +424,7 @@ class _Run:
         if self.dl is not None and self.dl.expired():
             self.done = True
             last, self.last = self.last, None
-            raise _expired(self.attempt + 1, last)
+            raise expired(self.attempt + 1, last)
         self.attempt += 1
         return Attempt(self.attempt, self)
 
@@ -436,7 +440,7 @@ class _SyncRun(_Run):
         if delay is None:
             raise StopIteration
         if self.attempt > 0:
-            _sleep(delay)
+            sleep(delay)
         return self.next_attempt()
 
 
@@ -451,7 +455,7 @@ class _AsyncRun(_Run):
         if delay is None:
             raise StopAsyncIteration
         if self.attempt > 0:
-            await _async_sleep(delay)
+            await async_sleep(delay)
         return self.next_attempt()
 
 
@@ -463,7 +467,7 @@ class Retrying:
 
     __slots__ = ("_policy",)
 
-    def __init__(self, policy: _Policy) -> None:
+    def __init__(self, policy: Policy) -> None:
         self._policy = policy
 
     def __iter__(self) -> Iterator[Attempt]:
@@ -496,4 +500,4 @@ def retrying(
     The code after ``with attempt:`` in the loop body runs only after a success or when another
     attempt follows; when the retries are over the error propagates from the ``with`` block.
     """
-    return Retrying(_Policy(on, attempts, base, cap, budget, deadline, on_retry))
+    return Retrying(Policy(on, attempts, base, cap, budget, deadline, on_retry))

@@ -63,14 +63,14 @@ def instant_retries() -> Iterator[list[float]]:
         assert len(delays) == 2
     """
     record: list[float] = []
-    _retry._instant.append(record)
+    _retry.instant_blocks.append(record)
     try:
         yield record
     finally:
         # Remove this block's own list (by identity: another block's list may be equal to it).
-        for i, active in enumerate(_retry._instant):
+        for i, active in enumerate(_retry.instant_blocks):
             if active is record:
-                del _retry._instant[i]
+                del _retry.instant_blocks[i]
                 break
 
 

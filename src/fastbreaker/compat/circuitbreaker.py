@@ -70,6 +70,7 @@ from .. import CircuitBreaker as _SelectedCore
 from .._durations import seconds_to_ns
 from .._errors import CircuitOpenError, State
 from .._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SUCCESS
+from .._permit import permits
 
 STRING_TYPES = (bytes, str)
 STATE_CLOSED = "closed"
@@ -171,6 +172,7 @@ class CircuitBreaker:
             name=name if isinstance(name, str) else None,
             clock=_clock_ns,
         )
+        self._core_admit, self._core_finish = permits(self._core)
         self._core.on_state_change(on_change)
 
     @classmethod
@@ -217,7 +219,7 @@ class CircuitBreaker:
 
     def _decorate_sync(self, function: Callable[..., Any]) -> Callable[..., Any]:
         core = self._core
-        finish = core._finish
+        finish = self._core_finish
         admit = self._admit
 
         if isgeneratorfunction(function):
@@ -245,7 +247,7 @@ class CircuitBreaker:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if core.state is _CLOSED:
                 try:
-                    permit = core._permit_or_raise()
+                    permit = self._core_admit()
                 except CircuitOpenError:
                     permit = -1
             else:
@@ -319,7 +321,7 @@ class CircuitBreaker:
             # circuitbreaker's arithmetic; it only refuses, the core decides what it lets through.
             return -1
         try:
-            return int(core._permit_or_raise())
+            return int(self._core_admit())
         except CircuitOpenError:
             return -1
 
@@ -330,7 +332,7 @@ class CircuitBreaker:
         return permit
 
     def _succeeded(self, permit: int) -> None:
-        self._core._finish(permit, OUT_SUCCESS)
+        self._core_finish(permit, OUT_SUCCESS)
         if self._last_failure is not None:
             self._last_failure = None
 
@@ -338,15 +340,15 @@ class CircuitBreaker:
         try:
             failure = self.is_failure(type(exc), exc)
         except BaseException:
-            self._core._finish(permit, OUT_NEUTRAL)
+            self._core_finish(permit, OUT_NEUTRAL)
             raise
         if failure:
             self._last_failure = exc
-            self._core._finish(permit, OUT_FAILURE)
+            self._core_finish(permit, OUT_FAILURE)
         elif isinstance(exc, Exception):
             self._succeeded(permit)  # the dependency answered
         else:
-            self._core._finish(permit, OUT_NEUTRAL)
+            self._core_finish(permit, OUT_NEUTRAL)
 
     def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``func(*args, **kwargs)`` through the breaker; ``CircuitBreakerError`` if refused."""

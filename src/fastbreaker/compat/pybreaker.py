@@ -78,6 +78,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Optional, Seque
 from .. import CircuitBreaker as _SelectedCore
 from .._errors import CircuitOpenError, State
 from .._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SUCCESS, BreakerOptions
+from .._permit import config as _core_config, options, permits
 
 __all__ = (
     "CircuitBreaker",
@@ -370,6 +371,7 @@ class CircuitBreaker:
                 name=name if isinstance(name, str) else None,
                 clock=clock,
             )
+        self._core_admit, self._core_finish = permits(self._core)
         self._core.on_state_change(on_change)
         self._adopt(storage)
         storage._breaker = self
@@ -399,7 +401,7 @@ class CircuitBreaker:
 
     def _reconfigure(self, fail_max: Any, reset_timeout: Any, success_threshold: Any) -> None:
         """Give the core new options, keeping its state (call with the lock held)."""
-        config = self._core._config
+        config = _core_config(self._core)
         with _own_names():
             options = BreakerOptions(
                 **self._core_options(fail_max, reset_timeout, success_threshold),
@@ -413,7 +415,7 @@ class CircuitBreaker:
         """Start in the storage's state, as pybreaker does, without notifying anyone."""
         state, core = storage._state, self._core
         if state == STATE_CLOSED:
-            for _ in range(min(storage._fail_counter, core._config.options.failure_threshold - 1)):
+            for _ in range(min(storage._fail_counter, options(core).failure_threshold - 1)):
                 core.record_failure()
             return
         with self._lock:
@@ -421,7 +423,7 @@ class CircuitBreaker:
             try:
                 if state == STATE_OPEN:
                     core.trip()
-                    period = core._config.options.reset_ns
+                    period = options(core).reset_ns
                     opened_at = storage._opened_at
                     if opened_at is None:  # pybreaker lets the next call through
                         elapsed = period
@@ -483,7 +485,7 @@ class CircuitBreaker:
         self._name = name
 
     def _threshold(self) -> int:
-        return int(self._core._config.options.failure_threshold)
+        return int(options(self._core).failure_threshold)
 
     def _consec(self) -> int:
         return int(self._core.metrics().consecutive_failures)
@@ -599,7 +601,7 @@ class CircuitBreaker:
             # state change between the check and the permit, the core still records the outcome
             # exactly; only success_counter could lag until the next transition.
             try:
-                permit = core._permit_or_raise()
+                permit = self._core_admit()
             except CircuitOpenError:
                 return self._call(func, args, kwargs)
             try:
@@ -609,7 +611,7 @@ class CircuitBreaker:
                 raise
             if type(ret) is _GeneratorType:
                 return cast(T, self._guard_generator(permit, False, ret))
-            core._finish(permit, OUT_SUCCESS)
+            self._core_finish(permit, OUT_SUCCESS)
             return ret
         return self._call(func, args, kwargs)
 
@@ -647,37 +649,13 @@ class CircuitBreaker:
             )
 
         def _outer_wrapper(func: Callable[..., Any]) -> Callable[..., Any]:
-            call = self.call
-            if type(self).call is not CircuitBreaker.call:  # a subclass's call() sees every call
-
-                @wraps(func)
-                def _inner_wrapper(*args: Any, **kwargs: Any) -> Any:
-                    return call(func, *args, **kwargs)
-
-                return _inner_wrapper
-
-            core, slow = self._core, self._call
+            call = self.call  # a subclass's call() sees every call, as in pybreaker
 
             @wraps(func)
-            def _fast_wrapper(*args: Any, **kwargs: Any) -> Any:
-                # call() inlined (one Python frame less); keep the two in step
-                if core.state is _CLOSED and not self._listeners:
-                    try:
-                        permit = core._permit_or_raise()
-                    except CircuitOpenError:
-                        return slow(func, args, kwargs)
-                    try:
-                        ret = func(*args, **kwargs)
-                    except BaseException as exc:
-                        self._on_error(permit, False, exc)
-                        raise
-                    if type(ret) is _GeneratorType:
-                        return self._guard_generator(permit, False, ret)
-                    core._finish(permit, OUT_SUCCESS)
-                    return ret
-                return slow(func, args, kwargs)
+            def _inner_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return call(func, *args, **kwargs)
 
-            return _fast_wrapper
+            return _inner_wrapper
 
         if call_args:
             return _outer_wrapper(*call_args)
@@ -699,7 +677,7 @@ class CircuitBreaker:
         tls.trans = None
         busy = False
         try:
-            permit = core._permit_or_raise()
+            permit = self._core_admit()
         except CircuitOpenError as err:
             permit, busy = -1, err.state is _HALF_OPEN
         if permit < 0:
@@ -717,7 +695,7 @@ class CircuitBreaker:
             for listener in self._listeners:
                 listener.before_call(self, func, *args, **kwargs)
         except BaseException:
-            self._core._finish(permit, OUT_NEUTRAL)
+            self._core_finish(permit, OUT_NEUTRAL)
             raise
 
     def _on_success(self, permit: int, trial: bool) -> None:
@@ -726,12 +704,12 @@ class CircuitBreaker:
             with self._lock:
                 tls = self._tls
                 tls.trans = None
-                core._finish(permit, OUT_SUCCESS)
+                self._core_finish(permit, OUT_SUCCESS)
                 if tls.trans is None and permit == self._probe_gen and core.state is _HALF_OPEN:
                     self._successes += 1  # a trial success that did not close the circuit yet
                     self._open_fails = 0
         else:
-            core._finish(permit, OUT_SUCCESS)
+            self._core_finish(permit, OUT_SUCCESS)
         for listener in self._listeners:
             listener.success(self)
 
@@ -739,12 +717,12 @@ class CircuitBreaker:
         """Record a call that raised ``exc``; the caller re-raises it unless this raises."""
         core = self._core
         if not isinstance(exc, Exception):
-            core._finish(permit, OUT_NEUTRAL)
+            self._core_finish(permit, OUT_NEUTRAL)
             return
         try:
             system_error = self.is_system_error(exc)
         except BaseException:
-            core._finish(permit, OUT_NEUTRAL)
+            self._core_finish(permit, OUT_NEUTRAL)
             raise
         if not system_error:
             self._on_success(permit, trial)
@@ -756,7 +734,7 @@ class CircuitBreaker:
         finally:
             before = self._consec() if self._lowered and not trial else -1
             tls.trans = None
-            core._finish(permit, OUT_FAILURE)
+            self._core_finish(permit, OUT_FAILURE)
             trans = tls.trans
         if trans is None or trans[1] is not _OPEN:
             return
@@ -814,13 +792,13 @@ class CircuitBreaker:
         if core.state is _CLOSED:
             self._open_fails = self._consec()
         core.trip()
-        self._skew[0] += core._config.options.reset_ns
+        self._skew[0] += options(core).reset_ns
         try:
-            permit = core._permit_or_raise()
+            permit = self._core_admit()
         except CircuitOpenError:
             return  # another caller has just become the trial
         self._probe_gen = permit
-        core._finish(permit, OUT_NEUTRAL)
+        self._core_finish(permit, OUT_NEUTRAL)
 
     def open(self) -> bool:
         """Open the circuit now: calls fail until ``reset_timeout`` passes. Returns

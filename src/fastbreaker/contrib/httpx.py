@@ -58,11 +58,13 @@ except ImportError:  # pragma: no cover
 
 import fastbreaker
 
-from .. import _calls, _retry
-from .._deadline import Deadline, _current
+from .. import _retry
+from .._calls import logger
+from .._deadline import Deadline, current_deadline
 from .._durations import Seconds, seconds_to_ns
 from .._errors import CircuitOpenError, DeadlineExceeded, State
 from .._options import OUT_FAILURE, OUT_NEUTRAL
+from .._permit import is_breaker, permits, start_ns, timed_outcome
 
 __all__ = [
     "AsyncBreakerTransport",
@@ -205,7 +207,7 @@ class Retry:
     ) -> None:
         if budget is None:
             budget = fastbreaker.RetryBudget()
-        self._policy = _retry._Policy(Exception, attempts, base, cap, budget, deadline, on_retry)
+        self._policy = _retry.Policy(Exception, attempts, base, cap, budget, deadline, on_retry)
         if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
             raise TypeError(f"methods must be a collection of method names, got {methods!r}")
         self._methods = frozenset(m.upper() for m in methods)
@@ -265,13 +267,13 @@ class Retry:
         hint = _retry_after(response)
         if hint is None:
             # Looked up on _retry at each call, so that tests pinning its draw pin ours too.
-            u = _retry._uniform()  # type: ignore[attr-defined]
-            delay = _retry._jitter(attempt - 1, policy.base_ns, policy.cap_ns, u)
+            u = _retry.uniform()
+            delay = _retry.jitter(attempt - 1, policy.base_ns, policy.cap_ns, u)
         elif hint * 1e9 > self._max_retry_after_ns:
             return None
         else:
             delay = hint
-        if dl is not None and delay * 1e9 >= dl._remaining_ns():
+        if dl is not None and delay * 1e9 >= dl.remaining_ns():
             return None
         assert policy.budget is not None
         if not policy.budget.allow_retry():
@@ -306,22 +308,23 @@ def _retry_after(response: httpx.Response) -> Optional[float]:
 class _Report:
     """Reports the outcome of one admitted request to its breaker, exactly once."""
 
-    __slots__ = ("_breaker", "_permit", "_start", "_done")
+    __slots__ = ("_breaker", "_finish", "_permit", "_start", "_done")
 
     def __init__(self, breaker: Any, permit: int) -> None:
         self._breaker = breaker
+        self._finish = permits(breaker).finish
         self._permit = permit
-        self._start = _calls._start(breaker)
+        self._start = start_ns(breaker)
         self._done = False
 
     def finish(self, outcome: int) -> None:
         if not self._done:
             self._done = True
-            self._breaker._finish(self._permit, outcome)
+            self._finish(self._permit, outcome)
 
     def success(self) -> None:
         if not self._done:
-            self.finish(_calls._timed_outcome(self._breaker, self._start))
+            self.finish(timed_outcome(self._breaker, self._start))
 
 
 class _Core:
@@ -340,7 +343,7 @@ class _Core:
             breakers = fastbreaker.BreakerMap(max_keys=10_000)
         if callable(getattr(breakers, "open_keys", None)):
             self.lookup: Callable[[Hashable], Any] = cast(Any, breakers).__getitem__
-        elif callable(getattr(breakers, "_permit_or_raise", None)):
+        elif is_breaker(breakers):
             single = breakers
             self.lookup = lambda _key: single
         else:
@@ -362,7 +365,7 @@ class _Core:
         key = self.key(request)
         breaker = self.lookup(key)
         try:
-            permit = breaker._permit_or_raise()
+            permit = permits(breaker).admit()
         except CircuitOpenError as err:
             rejected = CircuitOpenTransportError(err.name, err.state, err.retry_after)
             rejected.key = key
@@ -371,7 +374,7 @@ class _Core:
         return _Report(breaker, permit)
 
     def deadline(self) -> Optional[Deadline]:
-        return self.retry._policy.start() if self.retry is not None else _current.get()
+        return self.retry._policy.start() if self.retry is not None else current_deadline()
 
     def retries(self, request: httpx.Request) -> bool:
         return self.retry is not None and self.retry._applies(request)
@@ -384,7 +387,7 @@ class _Core:
         if dl is None:
             return
         if dl.expired():
-            raise _retry._expired(attempt, last)
+            raise _retry.expired(attempt, last)
         left = dl.remaining()
         given = timeouts if isinstance(timeouts, dict) else {}
         cut = {}
@@ -432,7 +435,7 @@ class _Core:
         try:
             failed = self.is_failure(exc)
         except Exception:  # we are raising exc already: log the classifier's own error
-            _calls.logger.exception("fastbreaker: is_failure(%r) raised", exc)
+            logger.exception("fastbreaker: is_failure(%r) raised", exc)
             return OUT_NEUTRAL
         return OUT_FAILURE if failed else OUT_NEUTRAL
 
@@ -568,7 +571,7 @@ class BreakerTransport(httpx.BaseTransport):
                     return response
                 response.close()
                 last = None
-            _retry._sleep(delay)
+            _retry.sleep(delay)
             attempt += 1
 
     def close(self) -> None:
@@ -668,8 +671,6 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
 
 async def _sleep_async(delay: float) -> None:
     # Like fastbreaker's own async retries, but through anyio so that trio works too.
-    if _retry._instant:
-        for record in tuple(_retry._instant):
-            record.append(delay)
+    if _retry.skip_sleep(delay):
         delay = 0.0
     await _async_sleep(delay)
