@@ -62,3 +62,21 @@ class CircuitOpenError(BreakerError):
 
 class DeadlineExceeded(BreakerError, TimeoutError):
     """The operation's deadline expired (or the next retry would end past it)."""
+
+
+def label_name(label: object) -> str | None:
+    """A breaker's name from its label (a map's key): ``str(label)``, never an exception.
+
+    A rejection must raise ``CircuitOpenError`` whatever the key, so a label whose ``__str__``
+    raises falls back to its ``repr``, then to a placeholder naming its type.
+    """
+    if label is None or type(label) is str:
+        return label  # type: ignore[return-value]
+    try:
+        return str(label)
+    except Exception:
+        pass
+    try:
+        return repr(label)
+    except Exception:
+        return f"<unprintable {type(label).__name__}>"
