@@ -104,6 +104,21 @@ def test_an_unreported_raw_permit_does_not_pin_its_key_forever(fb):
     assert list(m) == ["c", "d", "e", "g"]
 
 
+@pytest.mark.parametrize("busy, dropped", [(10, [10, 11, 12]), (150, [0, 1, 2])])
+def test_the_scan_past_calls_in_flight_is_bounded(fb, busy, dropped):
+    # max_keys=200 makes room for 3 keys at once; the scan looks past at most 3 + 64 keys with
+    # calls in flight for keys without: a map of unreported raw permits stays cheap to evict.
+    m = fb.BreakerMap(max_keys=200, clock=own_clock())
+    for k in range(200):
+        assert m.allow(k)
+        if k >= busy:
+            m.record_success(k)
+    m.allow("new")
+    held = list(m)
+    assert len(held) == 198 and held[-1] == "new"
+    assert [k for k in range(200) if k not in held] == dropped
+
+
 def test_async_calls_in_flight_keep_their_key(fb):
     m = fb.BreakerMap(failure_threshold=2, max_keys=8, clock=own_clock())
 

@@ -48,6 +48,10 @@ _COUNTERS = (
 # eviction scan walks the dict in creation order, so a batch amortizes each scan over many
 # insertions (a million new keys through a 10,000-key map cost ~6,400 scans, not a million).
 _ROOM_DIVISOR = 64
+# The eviction scan passes over at most this many breakers with calls in flight (beyond the
+# number it must drop) looking for others: a map of keys admitted by raw allow() and never
+# reported must not make every scan walk the whole map.
+_BUSY_LOOKAHEAD = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +245,8 @@ def _make_room(m: Any) -> None:
     # whose calls fail slowly would never trip while other keys churn). The count needs no
     # bookkeeping on the call path: the core already counts permits and outcomes. A raw
     # ``allow()`` whose outcome is never reported looks in flight forever, so in-flight breakers
-    # are not pinned: they go last, oldest first, when nothing else can make room.
+    # are not pinned: they go last, oldest first, when nothing else can make room. The scan
+    # gives up looking past them after ``need + _BUSY_LOOKAHEAD`` of them (bounded work).
     if m._group.open >= len(m._d):
         # Every held breaker is OPEN, HALF_OPEN or ISOLATED (the core counts them): no scan, so
         # that a broad outage does not make every new key pay for a walk over the whole map.
@@ -250,6 +255,7 @@ def _make_room(m: Any) -> None:
     idle: list[tuple[Hashable, Any]] = []
     closed: list[tuple[Hashable, Any]] = []
     busy: list[tuple[Hashable, Any]] = []
+    busy_seen = 0
     for key, breaker in m._closed_items():  # only this lock's holder changes the dict
         metrics = breaker.metrics()
         if metrics.state != CLOSED:
@@ -257,6 +263,9 @@ def _make_room(m: Any) -> None:
         if _in_flight(metrics):
             if len(busy) < need:
                 busy.append((key, breaker))
+            busy_seen += 1
+            if busy_seen >= need + _BUSY_LOOKAHEAD:
+                break
         elif _carries_no_information(metrics):
             idle.append((key, breaker))
             if len(idle) >= need:
@@ -371,7 +380,8 @@ class BreakerMap:
     in the window), then, if there are not enough of those, the oldest other CLOSED ones, and
     only then the oldest CLOSED ones with a call in flight (more calls admitted than outcomes
     reported: ``call``, ``call_async``, ``with``, or a raw ``allow()`` not yet reported), so that
-    a running call's outcome still counts for its key. A raw ``allow()`` whose outcome is never
+    a running call's outcome still counts for its key. (To bound its work, a scan looks past at
+    most 64 more of those than it must drop.) A raw ``allow()`` whose outcome is never
     reported makes its key look busy until a later outcome evens the count; it never pins the
     key, which goes last instead. (An outcome reported without a permit, a raw ``record_*()``
     with no ``allow()``, offsets one in-flight call of its key.) OPEN,
