@@ -71,7 +71,7 @@ def label_name(label: object) -> str | None:
     raises falls back to its ``repr``, then to a placeholder naming its type.
     """
     if label is None or type(label) is str:
-        return label  # type: ignore[return-value]
+        return label
     try:
         return str(label)
     except Exception:

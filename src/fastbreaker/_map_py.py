@@ -31,6 +31,7 @@ from . import _breaker_py
 from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
 from ._durations import check_count, check_rate
 from ._errors import State
+from ._metrics import Metrics
 from ._options import BreakerOptions, Duration, ExcTypes, FailurePredicate
 
 __all__ = ["BreakerMap", "MapMetrics"]
@@ -218,7 +219,7 @@ def _uninitialised() -> RuntimeError:
     return RuntimeError("BreakerMap is not initialised: its __init__ was never called")
 
 
-def _in_flight(metrics: Any) -> bool:
+def _in_flight(metrics: Metrics) -> bool:
     """Admitted calls outnumber reported outcomes: some call may still be running."""
     done = metrics.successes + metrics.failures + metrics.ignored + metrics.stale
     return metrics.permitted > done
