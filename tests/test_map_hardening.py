@@ -208,7 +208,9 @@ class WorseStr(BadStr):
         raise RuntimeError("no repr")
 
 
-@pytest.mark.parametrize("key, name", [(BadStr(), "BadStr()"), (WorseStr(), "<unprintable WorseStr>")])
+@pytest.mark.parametrize(
+    "key, name", [(BadStr(), "BadStr()"), (WorseStr(), "<unprintable WorseStr>")]
+)
 def test_a_rejection_raises_circuit_open_error_whatever_the_keys_str(fb, key, name):
     m = fb.BreakerMap(clock=own_clock())
     m[key].trip()

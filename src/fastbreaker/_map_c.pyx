@@ -184,9 +184,10 @@ cdef class BreakerMap:
 
         A breaker on the map's ``shared`` config gets ``detached``; one with its own listeners
         gets a private group-less copy without the map's hook. Unless ``in_flight_ok``, a breaker
-        with more permits than outcomes is kept. The core swaps under a claim of
-        the breaker's state word, so no trip or admission can slip in between (it would leave the map's count
-        of non-CLOSED breakers off by one forever), with or without the GIL. The listener lock
+        with more permits than outcomes is kept. The core swaps under a claim of the breaker's
+        state word, so no trip can slip in between (it would leave the map's count of
+        non-CLOSED breakers off by one forever), with or without the GIL, and no admission
+        under the GIL. The listener lock
         keeps a concurrent on_state_change() from re-attaching a copy of the map's config.
         """
         with _breaker_c._listener_lock:

@@ -13,7 +13,9 @@ take the map's lock, so a key never gets two breakers and the map never holds mo
 ``max_keys``. The lock is re-entrant, because the dict runs the key's own ``__hash__`` and
 ``__eq__`` while it is held: a key whose hash or eq touches the same map must not deadlock. A key
 first seen from inside such a call, while this thread is already creating or evicting, gets an
-untracked breaker (the map is in the middle of a change and must not change under itself). The breakers share one ``Config`` (options, clock, the ``Group`` counters behind
+untracked breaker (the map is in the middle of a change and must not change under itself).
+
+The breakers share one ``Config`` (options, clock, the ``Group`` counters behind
 ``max_open_ratio``, and the state-change hook); the core keeps the group's count of non-CLOSED
 breakers at every transition, so the map needs no timer and no thread.
 """
