@@ -379,3 +379,42 @@ def test_threads_tripping_at_once_never_exceed_the_bound(fb):
             assert mm.suppressed_trips == 6
     finally:
         sys.setswitchinterval(old)
+
+
+@pytest.mark.thread_unsafe  # it runs its own threads
+def test_threads_churning_keys_never_lose_an_outcome_in_flight(fb):
+    import sys
+
+    m = fb.BreakerMap(failure_threshold=10**9, max_keys=16, clock=own_clock())
+    n, rounds = 4, 150
+
+    def work(i):
+        def fn(r):
+            for j in range(6):
+                m.call(("inner", i, (r * 7 + j) % 40), lambda: None)
+            if r % 2:
+                raise ValueError
+            return r
+
+        for r in range(rounds):
+            try:
+                m.call(("outer", i, r % 3), fn, r)
+            except ValueError:
+                pass
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    mm = m.metrics()
+    assert mm.evicted > 0
+    assert mm.permitted == n * rounds * 7
+    # every outcome landed on a breaker the map still counts (held, or dropped after it)
+    assert mm.successes + mm.failures + mm.ignored + mm.stale == mm.permitted
+    assert mm.failures == n * (rounds // 2)
