@@ -414,7 +414,15 @@ def test_threads_churning_keys_never_lose_an_outcome_in_flight(fb):
         sys.setswitchinterval(old)
     mm = m.metrics()
     assert mm.evicted > 0
-    assert mm.permitted == n * rounds * 7
-    # every outcome landed on a breaker the map still counts (held, or dropped after it)
+    # every outcome of a call the map admitted landed on a breaker the map still counts (held,
+    # or dropped after the outcome)
     assert mm.successes + mm.failures + mm.ignored + mm.stale == mm.permitted
-    assert mm.failures == n * (rounds // 2)
+    if fb.impl == "c":
+        # The compiled map looks the key up and admits in one step under the GIL. The twin runs
+        # bytecode in between, so a call can start on a breaker dropped just after its lookup:
+        # that whole call (permit and outcome) is then outside the map, as documented for
+        # breakers obtained before their key was dropped.
+        assert mm.permitted == n * rounds * 7
+        assert mm.failures == n * (rounds // 2)
+    else:
+        assert 0.95 * n * rounds * 7 <= mm.permitted <= n * rounds * 7

@@ -27,7 +27,9 @@ import logging
 import threading
 import types
 import weakref
-from typing import Any, Awaitable, Callable, Hashable, Iterator, Optional, TypeVar
+from typing import (
+    TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterator, Optional, TypeVar,
+)
 
 from . import _breaker_py
 from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
@@ -521,11 +523,13 @@ class BreakerMap:
     def __repr__(self) -> str:
         return _repr(self)
 
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when a slot is unset: the object was made with __new__, not __init__.
-        if name in BreakerMap.__slots__:
-            raise _uninitialised()
-        raise AttributeError(f"'BreakerMap' object has no attribute {name!r}")
+    if not TYPE_CHECKING:  # hidden from type checkers: it would make every attribute valid
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only when a slot is unset: the object was made with __new__, not __init__.
+            if name in BreakerMap.__slots__:
+                raise _uninitialised()
+            raise AttributeError(f"'BreakerMap' object has no attribute {name!r}")
 
     # One rule on both cores: a map is neither copied nor pickled (its breakers are live state).
     __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _refuse_copy
