@@ -119,6 +119,25 @@ def test_the_scan_past_calls_in_flight_is_bounded(fb, busy, dropped):
     assert [k for k in range(200) if k not in held] == dropped
 
 
+def test_a_breaker_no_call_has_reached_yet_goes_last(fb):
+    # m.call(key, fn) looks the key up (creating it), then the breaker admits: a breaker just
+    # created for a call on its way counts as busy, so another thread's eviction keeps it.
+    m = fb.BreakerMap(max_keys=3, clock=own_clock())
+    m.call("a", lambda: None)
+    fresh = m["fresh"]
+    m.call("b", lambda: None)
+    m.call("c", lambda: None)  # drops a
+    m.call("d", lambda: None)  # drops b, not the older fresh
+    assert list(m) == ["fresh", "c", "d"] and m["fresh"] is fresh
+    m.call("e", lambda: None)  # drops c
+    m.call("f", lambda: None)  # drops d
+    m.allow("g")  # drops e; g's call is reported later
+    m.allow("h")  # drops f
+    assert list(m) == ["fresh", "g", "h"]
+    m.allow("i")  # only busy keys left: the oldest goes, so fresh is never pinned
+    assert list(m) == ["g", "h", "i"]
+
+
 def test_async_calls_in_flight_keep_their_key(fb):
     m = fb.BreakerMap(failure_threshold=2, max_keys=8, clock=own_clock())
 

@@ -224,9 +224,14 @@ def _uninitialised() -> RuntimeError:
 
 
 def _in_flight(metrics: Metrics) -> bool:
-    """Admitted calls outnumber reported outcomes: some call may still be running."""
+    """Admitted calls outnumber reported outcomes: some call may still be running.
+
+    A breaker no call has reached yet counts too: it was just created for a call on its way
+    (``m.call`` looks the key up, then the breaker admits), and dropping it in between would
+    put that call outside the map.
+    """
     done = metrics.successes + metrics.failures + metrics.ignored + metrics.stale
-    return metrics.permitted > done
+    return metrics.permitted > done or not (metrics.permitted or metrics.rejected or done)
 
 
 def _carries_no_information(metrics: Any) -> bool:
@@ -385,7 +390,8 @@ class BreakerMap:
     in the window), then, if there are not enough of those, the oldest other CLOSED ones, and
     only then the oldest CLOSED ones with a call in flight (more calls admitted than outcomes
     reported: ``call``, ``call_async``, ``with``, or a raw ``allow()`` not yet reported), so that
-    a running call's outcome still counts for its key. (To bound its work, a scan looks past at
+    a running call's outcome still counts for its key; a breaker no call has reached yet counts
+    as busy too (its first call may be on its way). (To bound its work, a scan looks past at
     most 64 more of those than it must drop.) A raw ``allow()`` whose outcome is never
     reported makes its key look busy until a later outcome evens the count; it never pins the
     key, which goes last instead. (An outcome reported without a permit, a raw ``record_*()``
