@@ -17,7 +17,7 @@ from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport INFINITY
 
-from ._errors import CircuitOpenError, State
+from ._errors import CircuitOpenError, State, label_name
 from ._metrics import Metrics
 from fractions import Fraction
 
@@ -695,10 +695,11 @@ cdef class CircuitBreaker:
         fb_store_ptr(<void **>&self.st.cfg, &config.c)
         Py_DECREF(old_owner)  # the reference the breaker held; `retired` holds another
 
-    def _swap_config_if_closed(self, Config config not None):
-        """Swap in ``config`` only while CLOSED, with no transition in between (a BreakerMap
-        dropping a breaker). The swap happens under a claim of the state word, so a trip either
-        sees the old config throughout or the new one. Returns whether it swapped."""
+    def _swap_config_if_closed(self, Config config not None, bint in_flight_ok=True):
+        """Swap in ``config`` only while CLOSED (and, unless ``in_flight_ok``, with no more
+        permits than outcomes), with no transition in between (a BreakerMap dropping a
+        breaker). The swap happens under a claim of the state word, so a trip either sees the
+        old config throughout or the new one. Returns whether it swapped."""
         live(self)
         cdef int64_t w = fb_load_acq(&self.st.word)
         while True:
@@ -706,6 +707,14 @@ cdef class CircuitBreaker:
                 return False
             if fb_cas(&self.st.word, &w, w | BUSY):
                 break
+        # While claimed, admissions are rejected, so the permit count cannot grow under the
+        # check. (An admission that read the word just before the claim may still add its
+        # permit after it: only without the GIL, which this Python method holds otherwise.)
+        if not in_flight_ok and fb_load_acq(&self.st.permitted) > (
+                fb_load_acq(&self.st.successes) + fb_load_acq(&self.st.failures)
+                + fb_load_acq(&self.st.ignored) + fb_load_acq(&self.st.stale)):
+            fb_store_rel(&self.st.word, w)
+            return False
         try:
             self._set_config(config)
         finally:
@@ -841,7 +850,7 @@ cdef class CircuitBreaker:
     @property
     def name(self):
         live(self)
-        return None if self._label is None else str(self._label)
+        return label_name(self._label)
 
     @property
     def retry_after(self):
@@ -947,8 +956,7 @@ cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
 cdef object open_error(CircuitBreaker self):
     live(self)
     cdef int64_t w = fb_load_acq(&self.st.word)
-    label = self._label
-    return CircuitOpenError(None if label is None else str(label), _STATES[w & ST_MASK],
+    return CircuitOpenError(label_name(self._label), _STATES[w & ST_MASK],
                             retry_after_of(self, w))
 
 cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):

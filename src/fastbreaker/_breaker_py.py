@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, Typ
 
 from . import _calls
 from ._durations import read_clock
-from ._errors import CircuitOpenError, State, not_copyable
+from ._errors import CircuitOpenError, State, label_name, not_copyable
 from ._metrics import Metrics
 from ._options import (
     OUT_FAILURE,
@@ -234,10 +234,11 @@ class CircuitBreaker:
         return min(opts.max_reset_ns, opts.reset_ns << min(level, _MAX_LEVEL))
 
     # -- transitions (called with the lock held; return the transition to report) ----------
-    def _enter(self, new: State, now: int = 0) -> tuple[State, State]:
+    def _enter(self, new: State, now: int = 0, reserved: bool = False) -> tuple[State, State]:
+        """Make the transition; ``reserved``: the group already counts it (``_auto_trip``)."""
         old = self._state
         group = self._config.group
-        if group is not None and (old == CLOSED) != (new == CLOSED):
+        if group is not None and not reserved and (old == CLOSED) != (new == CLOSED):
             group.add_open(1 if old == CLOSED else -1)
         self._state = new
         self._gen += 1
@@ -377,9 +378,9 @@ class CircuitBreaker:
         group = self._config.group
         if group is not None and not group.try_reserve():
             return None  # suppressed: stays CLOSED, its failures stay recorded
-        if group is not None:
-            group.add_open(-1)  # _enter counts it
-        return self._enter(OPEN, now)
+        # The reservation is the count of this breaker: releasing it and letting _enter count
+        # again would open a window in which another breaker takes the same place.
+        return self._enter(OPEN, now, reserved=group is not None)
 
     def _fire(self, trans: Optional[tuple[State, State]]) -> None:
         if trans is not None and trans[0] != trans[1]:
@@ -492,7 +493,7 @@ class CircuitBreaker:
 
     @property
     def name(self) -> Optional[str]:
-        return None if self._label is None else str(self._label)
+        return label_name(self._label)
 
     @property
     def retry_after(self) -> float:
@@ -540,11 +541,16 @@ class CircuitBreaker:
             config.listeners.append(callback)
         return callback
 
-    def _swap_config_if_closed(self, config: Config) -> bool:
-        """Swap in ``config`` only while CLOSED, with no transition in between (a BreakerMap
+    def _swap_config_if_closed(self, config: Config, in_flight_ok: bool = True) -> bool:
+        """Swap in ``config`` only while CLOSED (and, unless ``in_flight_ok``, with no more
+        permits than outcomes), with no transition or admission in between (a BreakerMap
         dropping a breaker). Returns whether it swapped."""
         with self._lock:
             if self._state != CLOSED:
+                return False
+            if not in_flight_ok and self._permitted > (
+                self._successes + self._failures + self._ignored + self._stale
+            ):
                 return False
             self._set_config(config)
             return True

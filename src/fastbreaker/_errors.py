@@ -86,3 +86,21 @@ def not_copyable(obj: object) -> TypeError:
         f"{type(obj).__name__} objects cannot be copied or pickled: create a new one with the "
         f"same options instead"
     )
+
+
+def label_name(label: object) -> str | None:
+    """A breaker's name from its label (a map's key): ``str(label)``, never an exception.
+
+    A rejection must raise ``CircuitOpenError`` whatever the key, so a label whose ``__str__``
+    raises falls back to its ``repr``, then to a placeholder naming its type.
+    """
+    if label is None or type(label) is str:
+        return label
+    try:
+        return str(label)
+    except Exception:
+        pass
+    try:
+        return repr(label)
+    except Exception:
+        return f"<unprintable {type(label).__name__}>"

@@ -72,7 +72,7 @@ cdef class BreakerMap:
 
     cdef readonly dict _d
     cdef public object _options, _group, _config, _detached, _hook, _lock
-    cdef public object _max_keys, _room, _evicted, _untracked, _dropped
+    cdef public object _max_keys, _room, _evicted, _untracked, _dropped, _owner
     cdef object __weakref__
 
     # The rare paths are the twin's functions, so that their logic exists once.
@@ -85,8 +85,9 @@ cdef class BreakerMap:
         _py._init(self, *args, **kwargs)
 
     # -- the call path ---------------------------------------------------------------------------
+    # An uninitialised map (made with __new__) has an empty dict: every keyed call reaches
+    # _py._new, which raises the error that names the problem, so the hot path checks nothing.
     @cython.binding(False)
-    @cython.always_allow_keywords(False)
     def allow(self, key):
         """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
         cdef object breaker = lookup(self, key)
@@ -103,7 +104,6 @@ cdef class BreakerMap:
         lookup(self, key).record_success(elapsed)
 
     @cython.binding(False)
-    @cython.always_allow_keywords(False)
     def record_failure(self, key):
         """Report a failure for ``key``."""
         lookup(self, key).record_failure()
@@ -126,12 +126,18 @@ cdef class BreakerMap:
 
     def get(self, key):
         """The key's breaker, or None; never creates one."""
+        if self._config is None:
+            raise _py._uninitialised()
         return self._d.get(key)
 
     def __contains__(self, key):
+        if self._config is None:
+            raise _py._uninitialised()
         return key in self._d
 
     def __len__(self):
+        if self._config is None:
+            raise _py._uninitialised()
         return len(self._d)
 
     # -- the rest ----------------------------------------------------------------------------------
@@ -154,19 +160,34 @@ cdef class BreakerMap:
     def __repr__(self):
         return _py._repr(self)
 
+    # One rule on both cores: a map is neither copied nor pickled (its breakers are live state).
+    def __copy__(self):
+        _py._refuse_copy(self)
+
+    def __deepcopy__(self, memo):
+        _py._refuse_copy(self)
+
+    def __reduce_ex__(self, protocol):
+        _py._refuse_copy(self)
+
+    def __reduce__(self):
+        _py._refuse_copy(self)
+
     def _closed_items(self):
         """``(key, breaker)`` for the held breakers whose stored state is CLOSED, oldest first."""
         for key, breaker in self._d.items():
             if fb_breaker_state(fb_breaker_handle(breaker)) == 0:
                 yield key, breaker
 
-    def _detach(self, breaker, shared, detached):
+    def _detach(self, breaker, shared, detached, in_flight_ok=True):
         """Give ``breaker`` a group-less config iff it is CLOSED, with no transition in between.
 
         A breaker on the map's ``shared`` config gets ``detached``; one with its own listeners
-        gets a private group-less copy without the map's hook. The core swaps under a claim of
-        the breaker's state word, so no trip can slip in between (it would leave the map's count
-        of non-CLOSED breakers off by one forever), with or without the GIL. The listener lock
+        gets a private group-less copy without the map's hook. Unless ``in_flight_ok``, a breaker
+        with more permits than outcomes is kept. The core swaps under a claim of the breaker's
+        state word, so no trip can slip in between (it would leave the map's count of
+        non-CLOSED breakers off by one forever), with or without the GIL, and no admission
+        under the GIL. The listener lock
         keeps a concurrent on_state_change() from re-attaching a copy of the map's config.
         """
         with _breaker_c._listener_lock:
@@ -176,5 +197,5 @@ cdef class BreakerMap:
             else:
                 config = config.copy(keep_group=False)
                 config.hook = None
-            return breaker._swap_config_if_closed(config)
+            return breaker._swap_config_if_closed(config, in_flight_ok)
 
