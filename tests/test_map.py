@@ -14,7 +14,7 @@ import threading
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fastbreaker import _map_py
+from fastbreaker import _map_steps
 from fastbreaker.testing import FakeClock
 
 
@@ -622,7 +622,7 @@ def test_a_breaker_that_left_closed_before_the_drop_is_kept(fb):
     for k in "abc":
         m.allow(k)
     fail(m, "a")
-    _map_py._drop(m, "a", m["a"])
+    _map_steps._drop(m, "a", m["a"])
     assert "a" in m and m.metrics().evicted == 0 and m.metrics().open == 1
     assert list(m) == ["b", "c", "a"]
     m["a"].reset()
@@ -675,9 +675,9 @@ def test_eviction_follows_the_documented_order(fb, max_keys, window, ops):
             else:
                 snap = {k: m.get(k).metrics() for k in held}
                 closed = [k for k in held if snap[k].state == fb.State.CLOSED]
-                busy = [k for k in closed if _map_py._in_flight(snap[k])]
+                busy = [k for k in closed if _map_steps._in_flight(snap[k])]
                 closed = [k for k in closed if k not in busy]
-                idle = [k for k in closed if _map_py._carries_no_information(snap[k])]
+                idle = [k for k in closed if _map_steps._carries_no_information(snap[k])]
                 victims = (idle + [k for k in closed if k not in idle] + busy)[:1]
                 if victims:
                     expected = [k for k in held if k not in victims] + [key]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING
 
-from ._map_py import MapMetrics
+from ._map_steps import MapMetrics
 from ._select import COMPILED
 
 __all__ = ["BreakerMap", "MapMetrics", "map_class"]

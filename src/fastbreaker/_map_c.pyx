@@ -1,21 +1,19 @@
 # cython: language_level=3, freethreading_compatible=True
 """The compiled BreakerMap: key lookup and CLOSED admission in one C call.
 
-``_map_py.py`` is the pure-Python twin and the specification; ``_map.py`` selects the class. Only
-what every keyed call runs is written here; construction, creation, eviction and metrics call the
-twin's module-level functions, so that logic exists once. The map is one extension type, not a
-Python subclass of one: CPython 3.11 specializes a method call only when the receiver's type is
-exactly the method's type, and a subclass costs ~12 ns per call.
+``_map_py.py`` is the pure-Python twin and the specification of the call path; ``_map.py``
+selects the class. Only what every keyed call runs is written here; construction, creation,
+eviction and metrics are the functions of ``_map_steps`` (shared with the twin), so that logic
+exists once. The map is one extension type, not a Python subclass of one: CPython 3.11
+specializes a method call only when the receiver's type is exactly the method's type, and a
+subclass costs ~12 ns per call.
 
-``allow(key)`` admits a CLOSED breaker through the core's C API (``_breaker_c.pxd``) instead of
-calling its ``allow()`` method: that saves one Python-level call, which is what keeps
-``m.allow(key)`` next to the cost of ``d[key].allow()``. The C entry points do not run
-state-change callbacks, so they are used only when the breaker is CLOSED (where admission makes no
-transition); every other state goes through ``breaker.allow()``. Under the GIL nothing can
-happen between the state read and the admission: no Python code runs in between. On a
-free-threaded build a trip can land in between; the admission then finds the breaker OPEN and
-rejects (a breaker with a Python clock is handed to ``breaker.allow()``), and only with
-``reset_timeout=0`` could it move the breaker to HALF_OPEN without firing the callbacks.
+``allow(key)`` admits a CLOSED breaker through the core's C API (``fb_breaker_acquire_closed``)
+instead of calling its ``allow()`` method: that saves one Python-level call, which is what keeps
+``m.allow(key)`` next to the cost of ``d[key].allow()``. That entry point reads the state word and
+admits in one step (it admits only a CLOSED, unclaimed word, where admission makes no
+transition), so no transition can fall between the check and the admission, with or without the
+GIL. Every other state goes through ``breaker.allow()``, which fires state-change callbacks.
 """
 
 cimport cython
@@ -28,7 +26,7 @@ from ._breaker_c cimport (fb_breaker_t, fb_breaker_handle, fb_breaker_acquire_cl
                           fb_breaker_state)
 
 from . import _breaker_c
-from . import _map_py as _py
+from . import _map_steps as _steps
 
 cdef extern from *:
     """
@@ -54,7 +52,7 @@ cdef inline object lookup(BreakerMap m, object key):
     if p == NULL:
         # absent, or unhashable: _new raises the error that names the parameter
         PyErr_Clear()
-        return _py._new(m, key)
+        return _steps._new(m, key)
     breaker = <object>p
     Py_DECREF(breaker)  # <object> took its own reference
     return breaker
@@ -82,11 +80,11 @@ cdef class BreakerMap:
         self._d = {}
 
     def __init__(self, *args, **kwargs):
-        _py._init(self, *args, **kwargs)
+        _steps._init(self, *args, **kwargs)
 
     # -- the call path ---------------------------------------------------------------------------
     # An uninitialised map (made with __new__) has an empty dict: every keyed call reaches
-    # _py._new, which raises the error that names the problem, so the hot path checks nothing.
+    # _steps._new, which raises the error that names the problem, so the hot path checks nothing.
     @cython.binding(False)
     def allow(self, key):
         """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
@@ -127,51 +125,51 @@ cdef class BreakerMap:
     def get(self, key):
         """The key's breaker, or None; never creates one."""
         if self._config is None:
-            raise _py._uninitialised()
+            raise _steps._uninitialised()
         return self._d.get(key)
 
     def __contains__(self, key):
         if self._config is None:
-            raise _py._uninitialised()
+            raise _steps._uninitialised()
         return key in self._d
 
     def __len__(self):
         if self._config is None:
-            raise _py._uninitialised()
+            raise _steps._uninitialised()
         return len(self._d)
 
     # -- the rest ----------------------------------------------------------------------------------
     def __iter__(self):
         """The keys currently held, in creation order (a snapshot)."""
-        return _py._iter(self)
+        return _steps._iter(self)
 
     def open_keys(self):
         """Keys whose breaker is OPEN, HALF_OPEN or ISOLATED (the stored state; no transition)."""
-        return _py._open_keys(self)
+        return _steps._open_keys(self)
 
     def metrics(self):
         """A snapshot: counts by state, evictions, suppressed trips, and cumulative call totals."""
-        return _py._metrics(self)
+        return _steps._metrics(self)
 
     def on_state_change(self, callback):
         """Register ``callback(key, old_state, new_state)`` for every breaker of the map."""
-        return _py._on_state_change(self, callback)
+        return _steps._on_state_change(self, callback)
 
     def __repr__(self):
-        return _py._repr(self)
+        return _steps._repr(self)
 
     # One rule on both cores: a map is neither copied nor pickled (its breakers are live state).
     def __copy__(self):
-        _py._refuse_copy(self)
+        _steps._refuse_copy(self)
 
     def __deepcopy__(self, memo):
-        _py._refuse_copy(self)
+        _steps._refuse_copy(self)
 
     def __reduce_ex__(self, protocol):
-        _py._refuse_copy(self)
+        _steps._refuse_copy(self)
 
     def __reduce__(self):
-        _py._refuse_copy(self)
+        _steps._refuse_copy(self)
 
     def _closed_items(self):
         """``(key, breaker)`` for the held breakers whose stored state is CLOSED, oldest first."""

@@ -1,0 +1,362 @@
+"""The rarely-run steps of a BreakerMap, shared by the compiled map and its twin.
+
+Both ``BreakerMap`` classes (``_map_c.pyx``, ``_map_py.py``) keep only the per-call path (key
+lookup, CLOSED admission) and call these functions for everything that runs rarely: construction,
+first sight of a key, eviction, metrics, callbacks. The functions reach a core only through the
+map's ``_core`` (``CircuitBreaker``, ``Config``, ``Group`` of that core) and the map's own
+``_closed_items()`` / ``_detach()``, so this module imports neither core.
+
+Memory: the map stores nothing per key but the dict entry and the breaker. The dict's insertion
+order is the creation order that eviction follows, and eviction inspects breakers only when the
+map is full, so the call path does no bookkeeping at all.
+
+Concurrency: lookups of existing keys take no lock (a dict read is atomic). Creation and eviction
+take the map's lock, so a key never gets two breakers and the map never holds more than
+``max_keys``. The lock is re-entrant, because the dict runs the key's own ``__hash__`` and
+``__eq__`` while it is held: a key whose hash or eq touches the same map must not deadlock. A key
+first seen from inside such a call, while this thread is already creating or evicting, gets an
+untracked breaker (the map is in the middle of a change and must not change under itself).
+
+The breakers share one ``Config`` (options, clock, the ``Group`` counters behind
+``max_open_ratio``, and the state-change hook); the core keeps the group's count of non-CLOSED
+breakers at every transition, so the map needs no timer and no thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import weakref
+from typing import Any, Callable, Hashable, Iterator, Optional, TypeVar
+
+from ._durations import check_count, check_rate
+from ._errors import State, not_copyable
+from ._metrics import Metrics
+from ._options import BreakerOptions
+
+__all__ = ["MapMetrics"]
+
+T = TypeVar("T")
+StateCallback = Callable[[Any, State, State], Any]
+CB = TypeVar("CB", bound=StateCallback)
+
+CLOSED = State.CLOSED
+_logger = logging.getLogger("fastbreaker")
+_COUNTERS = (
+    "permitted", "rejected", "successes", "failures", "slow_calls", "ignored", "stale", "opened",
+)
+# When the map is full it makes room for max(1, max_keys // _ROOM_DIVISOR) keys at once: the
+# eviction scan walks the dict in creation order, so a batch amortizes each scan over many
+# insertions (a million new keys through a 10,000-key map cost ~6,400 scans, not a million).
+_ROOM_DIVISOR = 64
+# The eviction scan passes over at most this many breakers with calls in flight (beyond the
+# number it must drop) looking for others: a map of keys admitted by raw allow() and never
+# reported must not make every scan walk the whole map.
+_BUSY_LOOKAHEAD = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class MapMetrics:
+    """A point-in-time snapshot of a BreakerMap.
+
+    ``keys`` is the number of breakers held; ``open``, ``half_open`` and ``isolated`` count them by
+    state. ``evicted`` counts breakers dropped to respect ``max_keys``; ``suppressed_trips`` the
+    automatic trips refused by ``max_open_ratio``; ``untracked`` the new keys that got a breaker
+    the map could not hold (every held breaker was OPEN, HALF_OPEN or ISOLATED).
+
+    The call counters are totals over every breaker the map has held since it was created,
+    dropped ones included (up to the moment they were dropped), so they only grow and can be
+    exported as monotonic counters. Untracked breakers are not included.
+    """
+
+    keys: int
+    open: int
+    half_open: int
+    isolated: int
+    evicted: int
+    suppressed_trips: int
+    untracked: int
+    permitted: int
+    rejected: int
+    successes: int
+    failures: int
+    slow_calls: int
+    ignored: int
+    stale: int
+    opened: int
+
+
+class _Hook:
+    """The map's state-change hook: calls ``callback(key, old, new)`` for each map callback.
+
+    It refers to the map only weakly, so a map is freed by reference counting (its breakers hold
+    their config, and the config holds this hook).
+    """
+
+    __slots__ = ("callbacks", "_map")
+
+    def __init__(self, owner: Any) -> None:
+        # Only ever appended to: firing can read it while another thread registers.
+        self.callbacks: list[StateCallback] = []
+        self._map = weakref.ref(owner)
+
+    def __call__(self, breaker: Any, old: State, new: State) -> None:
+        if not self.callbacks:
+            return
+        key = self._key_of(breaker)
+        for cb in tuple(self.callbacks):
+            try:
+                cb(key, old, new)
+            except Exception:
+                _logger.exception("fastbreaker: BreakerMap state-change callback %r raised", cb)
+
+    def _key_of(self, breaker: Any) -> Any:
+        label = breaker._label
+        return None if label is _NONE_KEY else label
+
+
+class _NoneKey:
+    """The label of the breaker of the key ``None``: a breaker labelled ``None`` has no name,
+    while a map names each key's breaker ``str(key)``, so ``m[None].name == "None"``."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "None"
+
+    def __repr__(self) -> str:
+        return "None"
+
+    def __reduce__(self) -> str:
+        return "_NONE_KEY"
+
+
+_NONE_KEY = _NoneKey()
+
+
+def _label(key: Hashable) -> Any:
+    return _NONE_KEY if key is None else key
+
+
+# -- the rarely-run steps, shared by both classes -----------------------------------------------
+def _init(
+    m: Any,
+    *args: Any,
+    max_open_ratio: float = 1.0,
+    max_keys: Optional[int] = None,
+    **breaker_options: Any,
+) -> None:
+    if _initialised(m):
+        raise RuntimeError("BreakerMap.__init__ called twice: create a new map instead")
+    if "name" in breaker_options:
+        raise TypeError("BreakerMap takes no name: each key's breaker is named str(key)")
+    # The breaker options are validated (and their names checked) by BreakerOptions.
+    options = BreakerOptions(*args, **breaker_options)
+    ratio = check_rate(max_open_ratio, "max_open_ratio")
+    if max_keys is not None:
+        check_count(max_keys, "max_keys", 1, 2**62)
+    core = m._core
+    m._options = options
+    m._group = core.Group(ratio)
+    m._hook = _Hook(m)
+    m._config = core.Config(options, m._group, m._hook)
+    m._config.shared = True  # a breaker that registers its own callback gets a private copy
+    # Dropped and untracked breakers share one config without group or hook: they keep working
+    # but no longer affect the map.
+    m._detached = core.Config(options)
+    m._detached.shared = True
+    m._lock = threading.RLock()  # re-entrant: see the module docstring
+    m._owner = None  # the thread creating or evicting (with the lock held), else None
+    m._max_keys = max_keys
+    m._room = max(1, max_keys // _ROOM_DIVISOR) if max_keys is not None else 0
+    m._evicted = 0
+    m._untracked = 0
+    m._dropped = dict.fromkeys(_COUNTERS, 0)
+
+
+def _new(m: Any, key: Hashable) -> Any:
+    """First sight of ``key``: create its breaker, making room first if the map is full."""
+    if m._config is None:
+        raise _uninitialised()
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"key must be hashable (e.g. a str or a tuple of str), got {key!r}") from None
+    breaker_cls = m._core.CircuitBreaker
+    me = threading.get_ident()
+    with m._lock:
+        if m._owner == me:
+            # Re-entered from a key's __hash__/__eq__ while this thread changes the dict.
+            m._untracked += 1
+            return breaker_cls._from_config(m._detached, _label(key))
+        m._owner = me
+        try:
+            breaker = m._d.get(key)
+            if breaker is not None:  # another thread created it while we waited for the lock
+                return breaker
+            if m._max_keys is not None and len(m._d) >= m._max_keys:
+                _make_room(m)
+                if len(m._d) >= m._max_keys:
+                    # Every held breaker is OPEN, HALF_OPEN or ISOLATED, and none may be dropped.
+                    m._untracked += 1
+                    return breaker_cls._from_config(m._detached, _label(key))
+            breaker = breaker_cls._from_config(m._config, _label(key))
+            m._d[key] = breaker
+            m._group.add_size(1)
+            return breaker
+        finally:
+            m._owner = None
+
+
+def _initialised(m: Any) -> bool:
+    try:
+        return m._config is not None
+    except RuntimeError:  # the twin's unset slot
+        return False
+
+
+def _uninitialised() -> RuntimeError:
+    return RuntimeError("BreakerMap is not initialised: its __init__ was never called")
+
+
+def _in_flight(metrics: Metrics) -> bool:
+    """Admitted calls outnumber reported outcomes: some call may still be running.
+
+    A breaker no call has reached yet counts too: it was just created for a call on its way
+    (``m.call`` looks the key up, then the breaker admits), and dropping it in between would
+    put that call outside the map.
+    """
+    done = metrics.successes + metrics.failures + metrics.ignored + metrics.stale
+    return metrics.permitted > done or not (metrics.permitted or metrics.rejected or done)
+
+
+def _carries_no_information(metrics: Any) -> bool:
+    """CLOSED with no consecutive failures and no failure or slow call in its window."""
+    return (
+        metrics.state == CLOSED
+        and metrics.consecutive_failures == 0
+        and not metrics.failure_rate
+        and not metrics.slow_call_rate
+    )
+
+
+def _make_room(m: Any) -> None:
+    # One scan in creation order picks the victims: breakers that carry no information first,
+    # then other CLOSED ones, and only then breakers with calls in flight. It stops as soon as
+    # enough of the first kind are found, the common case (most hosts are healthy), so a scan is
+    # short.
+    #
+    # Calls in flight: a breaker whose admitted calls outnumber its reported outcomes may have a
+    # call running; its outcome would land on a dropped breaker and be lost for its key (a host
+    # whose calls fail slowly would never trip while other keys churn). The count needs no
+    # bookkeeping on the call path: the core already counts permits and outcomes. A raw
+    # ``allow()`` whose outcome is never reported looks in flight forever, so in-flight breakers
+    # are not pinned: they go last, oldest first, when nothing else can make room. The scan
+    # gives up looking past them after ``need + _BUSY_LOOKAHEAD`` of them (bounded work).
+    if m._group.open >= len(m._d):
+        # Every held breaker is OPEN, HALF_OPEN or ISOLATED (the core counts them): no scan, so
+        # that a broad outage does not make every new key pay for a walk over the whole map.
+        return
+    need = len(m._d) - (m._max_keys - m._room)
+    idle: list[tuple[Hashable, Any]] = []
+    closed: list[tuple[Hashable, Any]] = []
+    busy: list[tuple[Hashable, Any]] = []
+    busy_seen = 0
+    for key, breaker in m._closed_items():  # only this lock's holder changes the dict
+        metrics = breaker.metrics()
+        if metrics.state != CLOSED:
+            continue
+        if _in_flight(metrics):
+            if len(busy) < need:
+                busy.append((key, breaker))
+            busy_seen += 1
+            if busy_seen >= need + _BUSY_LOOKAHEAD:
+                break
+        elif _carries_no_information(metrics):
+            idle.append((key, breaker))
+            if len(idle) >= need:
+                break
+        elif len(closed) < need:
+            closed.append((key, breaker))
+    victims = (idle + closed)[:need]
+    for key, breaker in victims:
+        if not _drop(m, key, breaker, False):
+            need += 1  # a call was admitted since the scan: keep it, take a busy one later
+    for key, breaker in busy[: need - len(victims)]:
+        _drop(m, key, breaker, True)
+
+
+def _drop(m: Any, key: Hashable, breaker: Any, in_flight_ok: bool = True) -> bool:
+    del m._d[key]
+    if not m._detach(breaker, m._config, m._detached, in_flight_ok):
+        # It left CLOSED, or a call was admitted, since the scan: keep it.
+        m._d[key] = breaker
+        return False
+    m._group.add_size(-1)
+    m._evicted += 1
+    # Its counters are read after it left the dict, when keyed calls can no longer reach it.
+    metrics = breaker.metrics()
+    dropped = m._dropped
+    for name in _COUNTERS:
+        dropped[name] += getattr(metrics, name)
+    return True
+
+
+def _iter(m: Any) -> Iterator[Hashable]:
+    if m._config is None:
+        raise _uninitialised()
+    return iter(list(m._d))
+
+
+def _open_keys(m: Any) -> list[Hashable]:
+    if m._config is None:
+        raise _uninitialised()
+    if m._group.open == 0:  # the core counts the non-CLOSED breakers: nothing to look for
+        return []
+    return [key for key, b in list(m._d.items()) if b.state != CLOSED]
+
+
+def _metrics(m: Any) -> MapMetrics:
+    if m._config is None:
+        raise _uninitialised()
+    with m._lock:  # no eviction between the list of breakers and the totals of dropped ones
+        breakers = list(m._d.values())
+        totals = dict(m._dropped)
+        evicted, untracked = m._evicted, m._untracked
+    by_state = [0, 0, 0, 0]
+    for breaker in breakers:
+        metrics = breaker.metrics()
+        by_state[metrics.state] += 1
+        for name in _COUNTERS:
+            totals[name] += getattr(metrics, name)
+    return MapMetrics(
+        keys=len(breakers),
+        open=by_state[State.OPEN],
+        half_open=by_state[State.HALF_OPEN],
+        isolated=by_state[State.ISOLATED],
+        evicted=evicted,
+        suppressed_trips=m._group.suppressed,
+        untracked=untracked,
+        **totals,
+    )
+
+
+def _on_state_change(m: Any, callback: CB) -> CB:
+    if m._config is None:
+        raise _uninitialised()
+    if not callable(callback):
+        raise TypeError(f"callback must be callable, got {callback!r}")
+    m._hook.callbacks.append(callback)
+    return callback
+
+
+def _refuse_copy(m: Any, *args: Any) -> Any:
+    # its breakers hold live state (permits in flight, open periods, callbacks)
+    raise not_copyable(m)
+
+
+def _repr(m: Any) -> str:
+    if not _initialised(m):
+        return "<BreakerMap (uninitialised)>"
+    return f"<BreakerMap keys={len(m._d)} max_keys={m._max_keys}>"
