@@ -117,3 +117,24 @@ def test_the_private_use_reader_sees_private_uses(tmp_path: object) -> None:
     p = pathlib.Path(str(tmp_path)) / "m.py"
     p.write_text("from .. import _retry\nfrom .._deadline import _current\n_retry._sleep(1)\nb._finish(1, 2)\n")
     assert sorted(private_uses(str(p))) == ["<breaker>._finish", "_retry._sleep", "imports _current from _deadline"]
+
+
+def test_group_and_config_have_the_same_api_on_both_cores() -> None:
+    impls = fastbreaker.testing.implementations()
+    if "c" not in impls:
+        import pytest
+
+        pytest.skip("the compiled core is not in use")
+    from fastbreaker import _breaker_c, _breaker_py
+
+    def api(cls: type) -> set[str]:
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    assert api(_breaker_c.Group) == api(_breaker_py.Group)
+    g_c, g_py = _breaker_c.Group(0.5), _breaker_py.Group(0.5)
+    for g in (g_c, g_py):
+        g.add_size(4)
+        assert (g.bound(), g.try_reserve(), g.try_reserve(), g.try_reserve()) == (2, True, True, False)
+        g.add_open(-1)
+        assert (g.open, g.size, g.suppressed) == (1, 4, 1)
+    assert api(_breaker_c.Config) == api(_breaker_py.Config)

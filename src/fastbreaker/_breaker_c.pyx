@@ -137,17 +137,33 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
         return fb_monotonic_ns()
     return -1
 
-# Every transition ends here: the claimer of word `w` (BUSY set by its CAS) has written what the
-# new state needs (trip time, cleared window); the release store makes it visible. Returns the
-# new full generation.
-cdef inline int64_t publish(core_t *b, int64_t w, int state, int64_t inflight, int64_t ok,
-                            int64_t level) noexcept nogil:
+# The one place where the state changes (the twin's CircuitBreaker._enter). The caller has
+# claimed word `w` (BUSY set by its CAS); this writes what the new state needs (the group's count
+# of non-CLOSED breakers, the trip or probe time, the cleared window) and then publishes the new
+# word with a release store, so a reader that sees the new state sees all of it. `inflight` is 1
+# when the caller is the first probe of a HALF_OPEN; `reserved` when the caller already counted
+# this breaker in its group (an automatic trip reserves its place before claiming). Stores the
+# transition code in `trans` (see trans_code) and returns the new full generation.
+cdef int64_t transition(core_t *b, int64_t w, int new, int64_t now, int64_t inflight,
+                        int64_t level, bint reserved, int *trans) noexcept nogil:
+    cdef int old = w & ST_MASK
     cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.gen_hi)
+    if (old == S_CLOSED) != (new == S_CLOSED) and not reserved:
+        group_open_add(b, 1 if old == S_CLOSED else -1)
+    if new == S_OPEN:
+        fb_store_rlx(&b.since_ns, now)
+        fb_add(&b.opened, 1)
+    elif new == S_HALF_OPEN:
+        fb_store_rlx(&b.since_ns, now)
+    elif new == S_CLOSED:
+        clear_window(b, gen)
     if gen == 0:
         hi += 1
         fb_store_rlx(&b.gen_hi, hi)
-    fb_store_rel(&b.word, make_word(state, gen, inflight, ok, level))
+    fb_store_rel(&b.word, make_word(new, gen, inflight, 0, level))
+    trans[0] = trans_code(old, new, gen)
     return (hi << GEN_BITS) | gen
+
 
 # Claim the word for a manual transition (spins only while another claim is in progress).
 cdef inline int64_t claim(core_t *b) noexcept nogil:
@@ -213,21 +229,16 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
                 break
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
-            fb_store_rlx(&b.since_ns, now)
-            gen = publish(b, w, S_HALF_OPEN, 1, 0, w_level(w))
+            gen = transition(b, w, S_HALF_OPEN, now, 1, w_level(w), False, trans)
             fb_add(&b.permitted, 1)
-            trans[0] = trans_code(S_OPEN, S_HALF_OPEN, gen)
-            return gen
+            return gen  # this caller is the first probe of the generation it published
         # HALF_OPEN
         inflight = w_inflight(w)
         if inflight and now - since >= opt(&c.probe_timeout_ns):
             # every outstanding probe counts as failed: re-open with backoff
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
-            fb_store_rlx(&b.since_ns, now)
-            fb_add(&b.opened, 1)
-            gen = publish(b, w, S_OPEN, 0, 0, min_level(w_level(w) + 1))
-            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen)
+            transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
             break
         if inflight >= opt(&c.half_open_max):
             break
@@ -274,20 +285,14 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             else:
                 fb_add(&b.successes, 1)
                 fb_add(&b.slow_calls, 1)
-            fb_store_rlx(&b.since_ns, now)
-            fb_add(&b.opened, 1)
-            gen = publish(b, w, S_OPEN, 0, 0, min_level(w_level(w) + 1))
-            trans[0] = trans_code(S_HALF_OPEN, S_OPEN, gen)
+            transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
             return 0
         ok = w_ok(w) + 1
         if ok >= opt(&c.success_threshold):
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
             fb_add(&b.successes, 1)
-            clear_window(b, gen + 1)
-            group_open_add(b, -1)
-            gen = publish(b, w, S_CLOSED, 0, 0, 0)
-            trans[0] = trans_code(S_HALF_OPEN, S_CLOSED, gen)
+            transition(b, w, S_CLOSED, 0, 0, 0, False, trans)
             return 0
         if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
             fb_add(&b.successes, 1)
@@ -391,10 +396,7 @@ cdef int trip_auto(core_t *b, int64_t permit, int64_t now, int *trans) noexcept 
         if g != NULL:
             fb_add(&g.open, -1)
         group_open_add(b, 1)
-    fb_store_rlx(&b.since_ns, now)
-    fb_add(&b.opened, 1)
-    gen = publish(b, w, S_OPEN, 0, 0, 0)
-    trans[0] = trans_code(S_CLOSED, S_OPEN, gen)
+    transition(b, w, S_OPEN, now, 0, 0, True, trans)
     return 0
 
 cdef inline int64_t max_open(group_t *g) noexcept nogil:
@@ -412,22 +414,13 @@ cdef inline int64_t raw_permit(core_t *b) noexcept nogil:
 # -- manual transitions --------------------------------------------------------------------------
 cdef int manual(core_t *b, int target, int64_t now) noexcept nogil:
     """trip (S_OPEN), isolate (S_ISOLATED) or reset (S_CLOSED); returns the transition code."""
-    cdef int64_t w = claim(b), gen = w_gen(w), level = w_level(w)
-    cdef int old = w & ST_MASK
-    if target == S_OPEN and old == S_ISOLATED:
+    cdef int64_t w = claim(b)
+    cdef int trans = 0
+    if target == S_OPEN and (w & ST_MASK) == S_ISOLATED:
         fb_store_rel(&b.word, w)  # release the claim unchanged
         return 0
-    if old == S_CLOSED and target != S_CLOSED:
-        group_open_add(b, 1)
-    elif old != S_CLOSED and target == S_CLOSED:
-        group_open_add(b, -1)
-    if target == S_OPEN:
-        fb_store_rlx(&b.since_ns, now)
-        fb_add(&b.opened, 1)
-    elif target == S_CLOSED:
-        clear_window(b, gen + 1)
-        level = 0
-    return trans_code(old, target, publish(b, w, target, 0, 0, level))
+    transition(b, w, target, now, 0, 0 if target == S_CLOSED else w_level(w), False, &trans)
+    return trans
 
 # -- the C API (see _breaker_c.pxd) -----------------------------------------------------------------
 cdef fb_breaker_t *fb_breaker_handle(object breaker) except NULL:
@@ -491,6 +484,19 @@ cdef class Group:
 
     def add_size(self, int64_t delta):
         fb_add(&self.g.size, delta)
+
+    def add_open(self, int64_t delta):
+        fb_add(&self.g.open, delta)
+
+    def try_reserve(self):
+        """Count one more non-CLOSED breaker if the bound allows it, else count a suppression."""
+        cdef int64_t cur = fb_load_rlx(&self.g.open)
+        while True:
+            if cur + 1 > max_open(&self.g):
+                fb_add(&self.g.suppressed, 1)
+                return False
+            if fb_cas_strong(&self.g.open, &cur, cur + 1):
+                return True
 
     @property
     def open(self):
