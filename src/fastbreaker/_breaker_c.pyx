@@ -629,22 +629,12 @@ cdef class CircuitBreaker:
         # that raises; a CLOSED fast path would otherwise admit a call into a NULL config.
         self.st.word = BUSY
 
-    def __init__(self, failure_threshold=5, reset_timeout=30.0, *, window=0, min_calls=20,
-                 failure_rate=0.5, slow_call_duration=None, slow_call_rate=1.0,
-                 half_open_max_calls=1, success_threshold=1, max_reset_timeout=None,
-                 probe_timeout=None, failure_on=(Exception,), ignore=(), name=None, clock=None):
+    def __init__(self, *args, **options):
+        """Every option is documented, validated and spelled out once: ``BreakerOptions``."""
         if cfg_of(&self.st) != NULL:
             raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
-        options = BreakerOptions(
-            failure_threshold, reset_timeout, window=window, min_calls=min_calls,
-            failure_rate=failure_rate, slow_call_duration=slow_call_duration,
-            slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
-            success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
-            probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore, clock=clock,
-        )
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"name must be a str or None, got {name!r}")
-        setup(self, Config(options), name)
+        validated = BreakerOptions(*args, **options)
+        setup(self, Config(validated), validated.name)
 
     @classmethod
     def _from_config(cls, Config config not None, label):

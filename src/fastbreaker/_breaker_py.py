@@ -29,8 +29,7 @@ from ._options import (
     OUT_SUCCESS,
     BreakerOptions,
     Duration,
-    ExcTypes,
-    FailurePredicate,
+    signature_of,
 )
 
 __all__ = ["CircuitBreaker", "Config", "Group", "Metrics"]
@@ -160,41 +159,17 @@ class CircuitBreaker:
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise not_copyable(self)
 
-    def __init__(
-        self,
-        failure_threshold: int = 5,
-        reset_timeout: Duration = 30.0,
-        *,
-        window: int = 0,
-        min_calls: int = 20,
-        failure_rate: float = 0.5,
-        slow_call_duration: Optional[Duration] = None,
-        slow_call_rate: float = 1.0,
-        half_open_max_calls: int = 1,
-        success_threshold: int = 1,
-        max_reset_timeout: Optional[Duration] = None,
-        probe_timeout: Optional[Duration] = None,
-        failure_on: ExcTypes | FailurePredicate = (Exception,),
-        ignore: ExcTypes = (),
-        name: Optional[str] = None,
-        clock: Optional[Callable[[], int]] = None,
-    ) -> None:
-        options = BreakerOptions(
-            failure_threshold, reset_timeout, window=window, min_calls=min_calls,
-            failure_rate=failure_rate, slow_call_duration=slow_call_duration,
-            slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
-            success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
-            probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore, clock=clock,
-        )
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"name must be a str or None, got {name!r}")
+    @signature_of(BreakerOptions.__init__)
+    def __init__(self, *args: Any, **options: Any) -> None:
+        """Every option is documented, validated and spelled out once: ``BreakerOptions``."""
         try:
             self._config
         except RuntimeError:
             pass
         else:
             raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
-        self._setup(Config(options), name)
+        validated = BreakerOptions(*args, **options)
+        self._setup(Config(validated), validated.name)
 
     @classmethod
     def _from_config(cls, config: Config, label: object) -> "CircuitBreaker":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from ._durations import check_clock, read_clock
 from ._options import TOKEN_UNIT as UNIT, budget_units
 from ._errors import not_copyable
@@ -78,7 +79,7 @@ class RetryBudget:
     def __deepcopy__(self, memo: object) -> object:
         raise not_copyable(self)
 
-    def __reduce_ex__(self, protocol: object) -> object:
+    def __reduce_ex__(self, protocol: object) -> str | tuple[Any, ...]:
         raise not_copyable(self)
 
     def __init__(

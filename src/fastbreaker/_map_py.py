@@ -17,9 +17,9 @@ from . import _breaker_py
 from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
 from ._map_steps import (
     CB, CLOSED, MapMetrics, _Hook, _init, _iter, _metrics, _new, _on_state_change, _open_keys,
-    _refuse_copy, _repr, _uninitialised,
+    _refuse_copy, _repr, _uninitialised, map_signature,
 )
-from ._options import BreakerOptions, Duration, ExcTypes, FailurePredicate
+from ._options import BreakerOptions, Duration
 
 __all__ = ["BreakerMap", "MapMetrics"]
 
@@ -91,32 +91,13 @@ class BreakerMap:
 
     def __init__(
         self,
-        failure_threshold: int = 5,
-        reset_timeout: Duration = 30.0,
-        *,
-        window: int = 0,
-        min_calls: int = 20,
-        failure_rate: float = 0.5,
-        slow_call_duration: Optional[Duration] = None,
-        slow_call_rate: float = 1.0,
-        half_open_max_calls: int = 1,
-        success_threshold: int = 1,
-        max_reset_timeout: Optional[Duration] = None,
-        probe_timeout: Optional[Duration] = None,
-        failure_on: ExcTypes | FailurePredicate = (Exception,),
-        ignore: ExcTypes = (),
+        *args: Any,
         max_open_ratio: float = 1.0,
         max_keys: Optional[int] = None,
-        clock: Optional[Callable[[], int]] = None,
+        **options: Any,
     ) -> None:
-        _init(
-            self, failure_threshold, reset_timeout, window=window, min_calls=min_calls,
-            failure_rate=failure_rate, slow_call_duration=slow_call_duration,
-            slow_call_rate=slow_call_rate, half_open_max_calls=half_open_max_calls,
-            success_threshold=success_threshold, max_reset_timeout=max_reset_timeout,
-            probe_timeout=probe_timeout, failure_on=failure_on, ignore=ignore,
-            max_open_ratio=max_open_ratio, max_keys=max_keys, clock=clock,
-        )
+        """Every breaker option but ``name`` (see ``BreakerOptions``), plus the map's own."""
+        _init(self, *args, max_open_ratio=max_open_ratio, max_keys=max_keys, **options)
         self._d = {}
 
     # -- the call path ---------------------------------------------------------------------------
@@ -238,3 +219,6 @@ class BreakerMap:
                 config.hook = None
             breaker._set_config(config)
             return True
+
+
+BreakerMap.__init__.__signature__ = map_signature()  # type: ignore[attr-defined]

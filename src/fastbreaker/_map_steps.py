@@ -25,6 +25,7 @@ breakers at every transition, so the map needs no timer and no thread.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import threading
 import weakref
@@ -35,7 +36,22 @@ from ._errors import State, not_copyable
 from ._metrics import Metrics
 from ._options import BreakerOptions
 
-__all__ = ["MapMetrics"]
+__all__ = ["MapMetrics", "map_signature"]
+
+
+def map_signature() -> inspect.Signature:
+    """``BreakerMap(...)``'s signature, built from ``BreakerOptions``'s (the option list is
+    written once): every breaker option but ``name``, then ``max_open_ratio`` and ``max_keys``."""
+    params = [
+        p for p in inspect.signature(BreakerOptions.__init__).parameters.values() if p.name != "name"
+    ]
+    own = [
+        inspect.Parameter("max_open_ratio", inspect.Parameter.KEYWORD_ONLY, default=1.0,
+                          annotation="float"),
+        inspect.Parameter("max_keys", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation="Optional[int]"),
+    ]
+    return inspect.Signature(params[:-1] + own + params[-1:])  # clock stays last
 
 T = TypeVar("T")
 StateCallback = Callable[[Any, State, State], Any]

@@ -9,8 +9,9 @@ messages exist once.
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
-from typing import Any, Callable, Union
+from typing import Any, Callable, Concatenate, ParamSpec, Union
 
 from ._durations import check_clock, check_count, check_rate, seconds_to_ns
 
@@ -46,6 +47,26 @@ RECONFIGURABLE = (
 FailurePredicate = Callable[[BaseException], bool]
 ExcTypes = Union[type[BaseException], tuple[type[BaseException], ...]]
 Duration = Union[float, int, datetime.timedelta]
+
+
+P = ParamSpec("P")
+
+
+def signature_of(
+    source: Callable[Concatenate[Any, P], None],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, P], None]]:
+    """Give a constructor that delegates ``*args, **kwargs`` the signature of ``source``.
+
+    Type checkers see ``source``'s parameters (through the ParamSpec) and ``inspect.signature``
+    and ``help()`` show them (through ``__signature__``), so an option list is written once.
+    """
+    sig = inspect.signature(source)
+
+    def apply(init: Callable[..., None]) -> Callable[Concatenate[Any, P], None]:
+        init.__signature__ = sig  # type: ignore[attr-defined]
+        return init
+
+    return apply
 
 
 def _exc_types(value: object, name: str) -> tuple[type[BaseException], ...]:
@@ -85,6 +106,7 @@ class BreakerOptions:
         "failure_predicate",
         "ignore",
         "clock",
+        "name",
     )
 
     failure_threshold: int
@@ -102,6 +124,7 @@ class BreakerOptions:
     failure_predicate: FailurePredicate | None
     ignore: tuple[type[BaseException], ...]
     clock: Callable[[], int] | None
+    name: str | None
 
     def __init__(
         self,
@@ -119,8 +142,41 @@ class BreakerOptions:
         probe_timeout: Duration | None = None,
         failure_on: ExcTypes | FailurePredicate = (Exception,),
         ignore: ExcTypes = (),
+        name: str | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
+        """Validate every option of a circuit breaker (the one place they are spelled out).
+
+        ``CircuitBreaker`` takes exactly these arguments, and ``BreakerMap`` all but ``name``
+        (plus its own ``max_open_ratio`` and ``max_keys``). Durations are seconds (int or float)
+        or ``datetime.timedelta``. Bad values raise ``TypeError``/``ValueError`` naming the
+        option and its accepted range.
+
+        Args:
+            failure_threshold: consecutive failures that trip the breaker (consecutive mode,
+                ``window=0``), in [1, 2**40 - 1].
+            reset_timeout: how long the breaker stays OPEN before a probe may pass (>= 0).
+            window: 0 for consecutive mode, else the size of the ring of the last outcomes
+                (count window, at most 1,000,000).
+            min_calls: outcomes the window needs before it can trip (capped at ``window``).
+            failure_rate: the failed share of the window that trips it, in (0, 1].
+            slow_call_duration: a success at least this slow counts as slow (None: off).
+            slow_call_rate: the slow share of the window that trips it, in (0, 1].
+            half_open_max_calls: probes admitted at once in HALF_OPEN, in [1, 65535].
+            success_threshold: probe successes that close the breaker, in [1, 65535].
+            max_reset_timeout: with it, the open period doubles on each re-trip up to this cap.
+            probe_timeout: a probe outstanding this long without another probe admitted is
+                counted as failed (default: ``reset_timeout``, at least 1 s).
+            failure_on: exception types that are failures, or a predicate ``exc -> bool`` (a
+                predicate that raises counts the call as a failure and is logged).
+            ignore: exception types that are neutral (neither success nor failure).
+            name: the breaker's name (in errors, reprs and metrics); a str or None.
+            clock: a zero-argument callable returning monotonic int nanoseconds (default: the
+                C ``CLOCK_MONOTONIC``), such as ``fastbreaker.testing.FakeClock``.
+        """
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r}")
+        self.name = name
         self.failure_threshold = check_count(failure_threshold, "failure_threshold", 1, MAX_THRESHOLD)
         self.reset_ns = seconds_to_ns(reset_timeout, "reset_timeout")
         self.window = check_count(window, "window", 0, MAX_WINDOW)
@@ -188,14 +244,16 @@ class BreakerOptions:
     def check_reconfigure(self, new: "BreakerOptions") -> None:
         """Raise ValueError unless ``new`` differs from these options only in what
         ``Config.reconfigure`` may change in place (thresholds and durations)."""
-        for name in self.__slots__:
-            if name not in RECONFIGURABLE and getattr(new, name) != getattr(self, name):
-                raise ValueError(f"{name} cannot change on an existing breaker")
+        for option in self.__slots__:
+            if option not in RECONFIGURABLE and option != "name" and (
+                getattr(new, option) != getattr(self, option)
+            ):
+                raise ValueError(f"{option} cannot change on an existing breaker")
 
     def update_from(self, new: "BreakerOptions") -> None:
         """Take the reconfigurable values of ``new`` (see ``check_reconfigure``)."""
-        for name in RECONFIGURABLE:
-            setattr(self, name, getattr(new, name))
+        for option in RECONFIGURABLE:
+            setattr(self, option, getattr(new, option))
 
     def kwargs(self) -> dict[str, Any]:
         """The options as keyword arguments (durations in seconds), for copies and reprs."""
@@ -213,6 +271,7 @@ class BreakerOptions:
             "probe_timeout": self.probe_timeout_ns / 1e9,
             "failure_on": self.failure_predicate or self.failure_types,
             "ignore": self.ignore,
+            "name": self.name,
             "clock": self.clock,
         }
 

@@ -28,7 +28,10 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from random import random as uniform  # [0, 1); a module global so that tests can pin it
+import random as _random
+
+#: [0, 1); a module global, so that tests (and contrib.httpx, for the same draw) can pin it.
+uniform = _random.random
 from time import monotonic_ns as _monotonic_ns
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
