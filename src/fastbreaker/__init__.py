@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import platform
 
-from ._errors import BreakerError, CircuitOpenError, DeadlineExceeded, State
+from ._errors import BreakerError, BulkheadFullError, CircuitOpenError, DeadlineExceeded, State
 
 COMPILED: bool = platform.python_implementation() == "CPython" and not os.environ.get(
     "FASTBREAKER_NO_EXTENSIONS"
@@ -19,11 +19,14 @@ COMPILED: bool = platform.python_implementation() == "CPython" and not os.enviro
 if COMPILED:
     from ._breaker_c import CircuitBreaker, Metrics
     from ._budget_c import RetryBudget
+    from ._bulkhead_c import AdaptiveLimiter, Bulkhead
 else:
     from ._breaker_py import CircuitBreaker, Metrics
     from ._budget_py import RetryBudget  # type: ignore[assignment]
+    from ._bulkhead_py import AdaptiveLimiter, Bulkhead  # type: ignore[assignment]
 
 from . import testing
+from ._bulkhead import BulkheadMetrics
 from ._deadline import Deadline, current_deadline, deadline
 from ._map import BreakerMap, MapMetrics
 from ._retry import retry, retrying
@@ -39,8 +42,12 @@ def get_include() -> str:
 
 __all__ = [
     "COMPILED",
+    "AdaptiveLimiter",
     "BreakerError",
     "BreakerMap",
+    "Bulkhead",
+    "BulkheadFullError",
+    "BulkheadMetrics",
     "CircuitBreaker",
     "CircuitOpenError",
     "Deadline",

@@ -36,7 +36,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 from . import _calls
 from ._deadline import Deadline, _current, earlier
 from ._durations import Seconds, seconds_to_ns
-from ._errors import CircuitOpenError, DeadlineExceeded
+from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded
 
 __all__ = ["Attempt", "retry", "retrying"]
 
@@ -177,7 +177,7 @@ class _Policy:
     def after_failure(self, attempt: int, exc: Exception, dl: Deadline | None) -> float | None:
         """Attempt number ``attempt`` failed with ``exc``: the delay before the next attempt, or
         ``None`` to re-raise ``exc`` unchanged. Raises ``DeadlineExceeded`` from ``exc``."""
-        if isinstance(exc, CircuitOpenError) or not self.matches(exc):
+        if isinstance(exc, (CircuitOpenError, BulkheadFullError)) or not self.matches(exc):
             return None
         if attempt >= self.attempts:
             return None
@@ -228,7 +228,7 @@ def retry(
     earlier winning, and is the current deadline inside the call; when it has expired before an
     attempt, or the next delay would end past it, ``DeadlineExceeded`` is raised from the last
     error. ``on_retry(attempt, exc, delay)`` runs before each sleep (``attempt`` is the 1-based
-    number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``
+    number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``, ``BulkheadFullError``
     and ``BaseException`` that are not ``Exception`` propagate at once.
 
     Put a breaker above the retry (``@breaker`` then ``@fb.retry(...)``) so that it sees one

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import os
 import threading
 import types
@@ -79,8 +80,8 @@ def implementations() -> dict[str, types.SimpleNamespace]:
     """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
 
     Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
-    ``RetryBudget`` and ``BreakerMap`` taken from that core, and ``impl`` naming it. With
-    ``FASTBREAKER_NO_EXTENSIONS`` set there is only ``"python"``.
+    ``RetryBudget``, ``BreakerMap``, ``Bulkhead`` and ``AdaptiveLimiter`` taken from that core,
+    and ``impl`` naming it. With ``FASTBREAKER_NO_EXTENSIONS`` set there is only ``"python"``.
     """
     import fastbreaker
 
@@ -100,5 +101,8 @@ def implementations() -> dict[str, types.SimpleNamespace]:
         ns.Metrics = breaker_mod.Metrics
         ns.RetryBudget = budget_mod.RetryBudget
         ns.BreakerMap = _map.map_class(breaker_mod)
+        bulkhead_mod = importlib.import_module("fastbreaker._bulkhead_" + ("c" if name == "c" else "py"))
+        ns.Bulkhead = bulkhead_mod.Bulkhead
+        ns.AdaptiveLimiter = bulkhead_mod.AdaptiveLimiter
         out[name] = ns
     return out
