@@ -228,8 +228,8 @@ def retry(
     earlier winning, and is the current deadline inside the call; when it has expired before an
     attempt, or the next delay would end past it, ``DeadlineExceeded`` is raised from the last
     error. ``on_retry(attempt, exc, delay)`` runs before each sleep (``attempt`` is the 1-based
-    number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``, ``BulkheadFullError``
-    and ``BaseException`` that are not ``Exception`` propagate at once.
+    number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``,
+    ``BulkheadFullError`` and ``BaseException`` that are not ``Exception`` propagate at once.
 
     Put a breaker above the retry (``@breaker`` then ``@fb.retry(...)``) so that it sees one
     outcome per operation.
