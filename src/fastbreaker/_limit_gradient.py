@@ -19,8 +19,12 @@ rtt``:
 * **Short-term RTT** ``short``: the sample itself.
 * **Gradient** ``g = clamp(TOLERANCE * baseline / short, 0.5, 1.0)``; a drop counts as ``g =
   0.5``.
-* **Queue allowance** ``q = sqrt(limit)``: ``target = limit * g + q``, and
-  ``limit += SMOOTHING * (target - limit)``, clamped to ``[min_limit, max_limit]``.
+* **Queue allowance** ``q = sqrt(limit)``: ``target = limit * g + q``. A cut (``target <
+  limit``) takes the whole step at once, and only once per round trip (see the stale samples
+  above), like AIMD's multiplicative decrease. Growth is spread over a round trip: a round trip
+  completes about ``limit`` calls, so each sample moves ``(target - limit) / limit``, and the
+  limit grows by about ``q`` per round trip (the additive increase). The result is clamped to
+  ``[min_limit, max_limit]``.
 * **Growth needs use.** At ``g == 1`` the limit grows only while ``2 * in_flight >= limit``
   (an unused limit is not evidence of capacity).
 
@@ -42,8 +46,6 @@ __all__ = ["Gradient"]
 
 TOLERANCE = 1.0
 """How far above the baseline the short-term RTT may be before the limit is cut."""
-SMOOTHING = 0.2
-"""The share of the distance to the target covered by one sample."""
 WARMUP = 10
 """Fresh samples that set the first baseline before the limit moves."""
 REBASE = 32
@@ -97,7 +99,10 @@ class Gradient:
                     self.floor_n = 0
                 return
             target = limit * g + math.sqrt(limit)
-            new = min(self._max, max(self._min, limit + SMOOTHING * (target - limit)))
+            if target < limit:
+                new = max(self._min, target)  # a cut takes the whole step, once per round trip
+            else:
+                new = min(self._max, limit + (target - limit) / limit)
             if new < limit:
                 self.last_cut = now
             if new != limit:
