@@ -11,7 +11,7 @@ gradient's lock. Waiting, the handoff queue and the call paths are the shared Py
 
 cimport cython
 from cpython.contextvars cimport get_value
-from libc.stdint cimport int64_t
+from libc.stdint cimport INT64_MIN, int64_t
 from libc.string cimport memcpy
 
 from . import _bulkhead as _b
@@ -37,7 +37,7 @@ cdef enum:
 
 cdef int64_t MASK = 0xFFFFFFFF
 cdef int64_t ONE_WAITER = 1LL << 32
-cdef int64_t NO_CUT = -0x7FFFFFFFFFFFFFFF - 1
+cdef int64_t NO_CUT = INT64_MIN
 
 assert (FIXED, AIMD, GRADIENT) == (_b.FIXED, _b.AIMD, _b.GRADIENT)
 assert NO_CUT == _b.NO_CUT
