@@ -11,7 +11,7 @@ from setuptools import Extension, setup
 NO_EXTENSIONS = bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS"))
 DEBUG = bool(os.environ.get("FASTBREAKER_DEBUG"))
 
-MODULES = ["_breaker_c", "_budget_c", "_map_c", "_floor_c"]
+MODULES = ["_breaker_c", "_budget_c", "_map_c", "_floor_c", "_bulkhead_c"]
 
 
 def extensions():

@@ -10,17 +10,20 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ._errors import BreakerError, CircuitOpenError, DeadlineExceeded, State
+from ._errors import BreakerError, BulkheadFullError, CircuitOpenError, DeadlineExceeded, State
 from ._select import COMPILED
 
 if TYPE_CHECKING or not COMPILED:
     from ._breaker_py import CircuitBreaker, Metrics
     from ._budget_py import RetryBudget
+    from ._bulkhead_py import AdaptiveLimiter, Bulkhead
 else:
     from ._breaker_c import CircuitBreaker, Metrics
     from ._budget_c import RetryBudget
+    from ._bulkhead_c import AdaptiveLimiter, Bulkhead
 
 from . import testing
+from ._bulkhead import BulkheadMetrics
 from ._deadline import Deadline, current_deadline, deadline
 from ._map import BreakerMap, MapMetrics
 from ._retry import retry, retrying
@@ -36,8 +39,12 @@ def get_include() -> str:
 
 __all__ = [
     "COMPILED",
+    "AdaptiveLimiter",
     "BreakerError",
     "BreakerMap",
+    "Bulkhead",
+    "BulkheadFullError",
+    "BulkheadMetrics",
     "CircuitBreaker",
     "CircuitOpenError",
     "Deadline",

@@ -19,7 +19,7 @@ __all__ = ["Deadline", "current_deadline", "deadline"]
 
 Clock = Callable[[], int]
 
-_current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
+current_var: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
     "fastbreaker_deadline", default=None
 )
 
@@ -101,7 +101,7 @@ def earlier(a: Deadline | None, b: Deadline | None) -> Deadline | None:
 
 def current_deadline() -> Deadline | None:
     """The deadline of the innermost ``deadline()`` block around this code, or ``None``."""
-    return _current.get()
+    return current_var.get()
 
 
 def deadline(seconds: Seconds | Deadline, *, clock: Clock | None = None) -> DeadlineScope:
@@ -133,9 +133,9 @@ class DeadlineScope:
             raise RuntimeError("this deadline() block is already active; call deadline() again")
         spec = self._spec
         new = spec if isinstance(spec, Deadline) else Deadline.after(spec, clock=self._clock)
-        effective = earlier(_current.get(), new)
+        effective = earlier(current_var.get(), new)
         assert effective is not None
-        self._token = _current.set(effective)
+        self._token = current_var.set(effective)
         return effective
 
     def __exit__(
@@ -146,4 +146,4 @@ class DeadlineScope:
     ) -> None:
         assert self._token is not None
         token, self._token = self._token, None
-        _current.reset(token)
+        current_var.reset(token)

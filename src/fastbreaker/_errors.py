@@ -6,7 +6,7 @@ import enum
 import math
 from typing import TYPE_CHECKING
 
-__all__ = ["BreakerError", "CircuitOpenError", "DeadlineExceeded", "State"]
+__all__ = ["BreakerError", "BulkheadFullError", "CircuitOpenError", "DeadlineExceeded", "State"]
 
 
 class State(enum.IntEnum):
@@ -70,6 +70,46 @@ class CircuitOpenError(BreakerError):
         else:
             detail = f"retry after {self.retry_after:.3f}s"
         return f"{label} is {self.state.name}: {detail}"
+
+
+class BulkheadFullError(BreakerError):
+    """A bulkhead or adaptive limiter refused a call: every slot was taken and no slot came
+    within ``max_wait`` (or the waiting queue was full, or ``max_wait`` is 0).
+
+    ``name`` and ``max_concurrent`` describe the bulkhead (for an ``AdaptiveLimiter``, the limit
+    when it refused); ``waited`` is the number of seconds spent waiting, on the bulkhead's clock.
+    It is neutral to a breaker it passes through and never retried by ``fastbreaker.retry``: it
+    says nothing about the health of the dependency.
+    """
+
+    # As CircuitOpenError: no Python-level __init__, the arguments live in ``args``.
+    args: tuple[str | None, int, float]
+
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str | None, max_concurrent: int, waited: float) -> None: ...
+
+    @property
+    def name(self) -> str | None:
+        """The bulkhead's name."""
+        return self.args[0] if len(self.args) == 3 else None
+
+    @property
+    def max_concurrent(self) -> int:
+        """The number of slots when the call was refused."""
+        return self.args[1] if len(self.args) == 3 else 0
+
+    @property
+    def waited(self) -> float:
+        """Seconds spent waiting for a slot before the refusal (0.0 when it failed fast)."""
+        return self.args[2] if len(self.args) == 3 else 0.0
+
+    def __str__(self) -> str:
+        args = self.args
+        if len(args) != 3 or not isinstance(args[1], int) or not isinstance(args[2], (int, float)):
+            return super().__str__() or "bulkhead is full"
+        label = f"bulkhead {self.name!r}" if self.name is not None else "bulkhead"
+        return f"{label} is full: {self.max_concurrent} in flight, waited {self.waited:.3f}s"
 
 
 class DeadlineExceeded(BreakerError, TimeoutError):

@@ -14,6 +14,7 @@ import logging
 from typing import Any, Callable, Concatenate, ParamSpec, Union
 
 from ._durations import check_clock, check_count, check_rate, seconds_to_ns
+from ._errors import BulkheadFullError
 
 __all__ = [
     "BreakerOptions",
@@ -218,8 +219,8 @@ class BreakerOptions:
     def classify(self, exc: BaseException) -> int:
         """The outcome code of a call that raised ``exc``.
 
-        Non-``Exception`` base exceptions (cancellation, KeyboardInterrupt, GeneratorExit) and
-        ``ignore`` matches are neutral; ``failure_on`` matches are failures; anything else means
+        Non-``Exception`` base exceptions (cancellation, KeyboardInterrupt, GeneratorExit),
+        ``BulkheadFullError`` and ``ignore`` matches are neutral; ``failure_on`` matches are failures; anything else means
         the dependency answered, so it is a success.
 
         A ``failure_on`` predicate that raises counts the call as a failure: its error is logged
@@ -230,6 +231,8 @@ class BreakerOptions:
         """
         if not isinstance(exc, Exception) or (self.ignore and isinstance(exc, self.ignore)):
             return OUT_NEUTRAL
+        if isinstance(exc, BulkheadFullError):
+            return OUT_NEUTRAL  # a full bulkhead says nothing about the dependency's health
         if self.failure_predicate is not None:
             try:
                 return OUT_FAILURE if self.failure_predicate(exc) else OUT_SUCCESS

@@ -37,9 +37,9 @@ from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 
 from . import _calls
-from ._deadline import Deadline, _current, earlier
+from ._deadline import Deadline, current_var, earlier
 from ._durations import Seconds, seconds_to_ns
-from ._errors import CircuitOpenError, DeadlineExceeded
+from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded
 
 __all__ = ["Attempt", "retry", "retrying"]
 
@@ -171,7 +171,7 @@ class Policy:
 
     def start(self) -> Deadline | None:
         """The deadline of one operation starting now: explicit and current, the earlier wins."""
-        cur = _current.get()
+        cur = current_var.get()
         own: Deadline
         if self.deadline_ns is not None:
             own = Deadline._at(_monotonic_ns() + self.deadline_ns, _monotonic_ns)
@@ -184,7 +184,7 @@ class Policy:
     def after_failure(self, attempt: int, exc: Exception, dl: Deadline | None) -> float | None:
         """Attempt number ``attempt`` failed with ``exc``: the delay before the next attempt, or
         ``None`` to re-raise ``exc`` unchanged. Raises ``DeadlineExceeded`` from ``exc``."""
-        if isinstance(exc, CircuitOpenError) or not self.matches(exc):
+        if isinstance(exc, (CircuitOpenError, BulkheadFullError)) or not self.matches(exc):
             return None
         if attempt >= self.attempts:
             return None
@@ -235,8 +235,8 @@ def retry(
     earlier winning, and is the current deadline inside the call; when it has expired before an
     attempt, or the next delay would end past it, ``DeadlineExceeded`` is raised from the last
     error. ``on_retry(attempt, exc, delay)`` runs before each sleep (``attempt`` is the 1-based
-    number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``
-    and ``BaseException`` that are not ``Exception`` propagate at once.
+    number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``,
+    ``BulkheadFullError`` and ``BaseException`` that are not ``Exception`` propagate at once.
 
     Put a breaker above the retry (``@breaker`` then ``@fb.retry(...)``) so that it sees one
     outcome per operation.
@@ -253,7 +253,7 @@ def retry(
 
 def _sync_wrapper(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
     budget = policy.budget
-    current = _current.get
+    current = current_var.get
 
     # The first attempt is inline and lean (no loop, no try/finally): it is the common case.
     @functools.wraps(fn)
@@ -300,22 +300,22 @@ def _with_own_deadline(policy: Policy, fn: Callable[P, T], call: Callable[P, T])
     # so that the retry loop and any code it calls see the same one.
     @functools.wraps(fn)
     def retrying_call(*args: P.args, **kwargs: P.kwargs) -> T:
-        token = _current.set(policy.start())
+        token = current_var.set(policy.start())
         try:
             return call(*args, **kwargs)
         finally:
-            _current.reset(token)
+            current_var.reset(token)
 
     return retrying_call
 
 
 def _async_wrapper(policy: Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
     budget = policy.budget
-    current = _current.get
+    current = current_var.get
 
     @functools.wraps(fn)
     async def retrying_call(*args: P.args, **kwargs: P.kwargs) -> Any:
-        token = _current.set(policy.start()) if policy.deadline is not None else None
+        token = current_var.set(policy.start()) if policy.deadline is not None else None
         try:
             dl = current()
             attempt = 1
@@ -338,7 +338,7 @@ def _async_wrapper(policy: Policy, fn: Callable[P, Any]) -> Callable[P, Any]:
                 attempt += 1
         finally:
             if token is not None:
-                _current.reset(token)
+                current_var.reset(token)
 
     return retrying_call
 
@@ -362,7 +362,7 @@ class Attempt:
     def __enter__(self) -> Attempt:
         run = self._run
         if run.explicit:
-            self._token = _current.set(run.dl)
+            self._token = current_var.set(run.dl)
         return self
 
     def __exit__(
@@ -372,7 +372,7 @@ class Attempt:
         tb: TracebackType | None,
     ) -> bool:
         if self._token is not None:
-            _current.reset(self._token)
+            current_var.reset(self._token)
             self._token = None
         return self._run.finished(self.number, exc)
 

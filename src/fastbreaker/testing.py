@@ -78,27 +78,30 @@ def implementations() -> dict[str, types.SimpleNamespace]:
     """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
 
     Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
-    ``RetryBudget`` and ``BreakerMap`` taken from that core, and ``impl`` naming it. Where
-    ``import fastbreaker`` uses the twin (``FASTBREAKER_NO_EXTENSIONS`` set, or an interpreter
-    other than CPython) there is only ``"python"``.
+    ``RetryBudget``, ``BreakerMap``, ``Bulkhead`` and ``AdaptiveLimiter`` taken from that core,
+    and ``impl`` naming it. Where ``import fastbreaker`` uses the twin
+    (``FASTBREAKER_NO_EXTENSIONS`` set, or an interpreter other than CPython) there is only
+    ``"python"``.
     """
     import fastbreaker
 
-    from . import _breaker_py, _budget_py, _map, _select
+    from . import _breaker_py, _budget_py, _bulkhead_py, _map, _select
 
-    cores: dict[str, tuple[types.ModuleType, types.ModuleType]] = {}
+    cores: dict[str, tuple[types.ModuleType, types.ModuleType, types.ModuleType]] = {}
     if _select.COMPILED:
-        from . import _breaker_c, _budget_c
+        from . import _breaker_c, _budget_c, _bulkhead_c
 
-        cores["c"] = (_breaker_c, _budget_c)
-    cores["python"] = (_breaker_py, _budget_py)
+        cores["c"] = (_breaker_c, _budget_c, _bulkhead_c)
+    cores["python"] = (_breaker_py, _budget_py, _bulkhead_py)
     out = {}
-    for name, (breaker_mod, budget_mod) in cores.items():
+    for name, (breaker_mod, budget_mod, bulkhead_mod) in cores.items():
         ns = types.SimpleNamespace(**{k: getattr(fastbreaker, k) for k in fastbreaker.__all__})
         ns.impl = name
         ns.CircuitBreaker = breaker_mod.CircuitBreaker
         ns.Metrics = breaker_mod.Metrics
         ns.RetryBudget = budget_mod.RetryBudget
         ns.BreakerMap = _map.map_class(breaker_mod)
+        ns.Bulkhead = bulkhead_mod.Bulkhead
+        ns.AdaptiveLimiter = bulkhead_mod.AdaptiveLimiter
         out[name] = ns
     return out

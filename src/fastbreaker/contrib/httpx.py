@@ -110,6 +110,25 @@ def default_is_failure(outcome: Outcome) -> bool:
     return isinstance(outcome, _FAILURE_ERRORS) and not isinstance(outcome, CircuitOpenError)
 
 
+Bulkheads = Union["fastbreaker.Bulkhead", "fastbreaker.AdaptiveLimiter", Callable[["Origin"], Any]]
+"""What ``bulkhead=`` accepts: one ``Bulkhead``/``AdaptiveLimiter`` shared by every origin, or a
+callable ``origin -> Bulkhead`` (one per host: keep them in a dict of your own)."""
+
+
+def _bulkhead_lookup(bulkhead: object) -> Callable[[httpx.Request], Any]:
+    if bulkhead is None:
+        return lambda _request: None
+    if callable(getattr(bulkhead, "_try_admit", None)):  # a Bulkhead or AdaptiveLimiter
+        return lambda _request: bulkhead
+    if callable(bulkhead):
+        per_origin = bulkhead
+        return lambda request: per_origin(Origin.of(request.url))
+    raise TypeError(
+        f"bulkhead must be a fastbreaker.Bulkhead or AdaptiveLimiter, or a callable "
+        f"origin -> Bulkhead, got {bulkhead!r}"
+    )
+
+
 class Origin(NamedTuple):
     """The default breaker key: ``(scheme, host, port)``, shown as ``scheme://host:port``.
 
@@ -502,6 +521,11 @@ class BreakerTransport(httpx.BaseTransport):
     ``origin`` (the request's scheme, host and port). ``is_failure(outcome)``: the
     classification, by default ``default_is_failure``. ``retry``: a ``Retry`` policy, or
     ``None`` for no retries. A rejected request raises ``CircuitOpenTransportError``.
+    ``bulkhead``: a ``fastbreaker.Bulkhead`` or ``AdaptiveLimiter`` shared by every origin, or a
+    callable ``origin -> Bulkhead`` (one per host), applied outside the breaker: a full bulkhead
+    raises ``fastbreaker.BulkheadFullError`` without reaching the breaker or the network. The slot
+    covers sending the request and receiving the response headers (retries included), not the
+    reading of a streamed body.
 
     A current ``fastbreaker.deadline()`` (or ``Retry(deadline=...)``) bounds every request:
     httpx's timeouts are cut to the time left, and a request whose deadline has passed raises
@@ -517,12 +541,14 @@ class BreakerTransport(httpx.BaseTransport):
         key: Optional[Callable[[httpx.Request], Hashable]] = None,
         is_failure: Optional[Callable[[Outcome], bool]] = None,
         retry: Optional[Retry] = None,
+        bulkhead: Optional[Bulkheads] = None,
     ) -> None:
         if transport is None:
             transport = httpx.HTTPTransport()
         elif not callable(getattr(transport, "handle_request", None)):
             raise TypeError(f"transport must be an httpx.BaseTransport, got {transport!r}")
         self._core = _Core(breakers, key, is_failure, retry)
+        self._bulkhead = _bulkhead_lookup(bulkhead)
         self._transport = transport
 
     @property
@@ -537,6 +563,13 @@ class BreakerTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through its breaker (and the retries); see the class docstring."""
+        bulkhead = self._bulkhead(request)
+        if bulkhead is None:
+            return self._handle(request)
+        with bulkhead:  # outside the breaker: a full bulkhead never reaches it
+            return self._handle(request)
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
         core = self._core
         report = core.admit(request)
         try:
@@ -607,12 +640,14 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
         key: Optional[Callable[[httpx.Request], Hashable]] = None,
         is_failure: Optional[Callable[[Outcome], bool]] = None,
         retry: Optional[Retry] = None,
+        bulkhead: Optional[Bulkheads] = None,
     ) -> None:
         if transport is None:
             transport = httpx.AsyncHTTPTransport()
         elif not callable(getattr(transport, "handle_async_request", None)):
             raise TypeError(f"transport must be an httpx.AsyncBaseTransport, got {transport!r}")
         self._core = _Core(breakers, key, is_failure, retry)
+        self._bulkhead = _bulkhead_lookup(bulkhead)
         self._transport = transport
 
     @property
@@ -627,6 +662,13 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through its breaker (and the retries); see the class docstring."""
+        bulkhead = self._bulkhead(request)
+        if bulkhead is None:
+            return await self._handle(request)
+        async with bulkhead:  # outside the breaker: a full bulkhead never reaches it
+            return await self._handle(request)
+
+    async def _handle(self, request: httpx.Request) -> httpx.Response:
         core = self._core
         report = core.admit(request)
         try:

@@ -1,0 +1,417 @@
+"""Bulkhead and AdaptiveLimiter, the pure-Python reference twin: the spec ``_bulkhead_c`` follows.
+
+The counters (``in_flight``, ``waiting``, the limit and the metrics) are plain ints and a float
+under one lock; the compiled core keeps them in atomic words. Waiting, the FIFO handoff and the
+call paths are shared by both cores and live in ``_bulkhead``; the AIMD step is
+``_bulkhead.aimd`` and the gradient algorithm ``_limit_gradient``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Awaitable, Optional, TypeVar
+
+from . import _bulkhead as _b
+from ._bulkhead import BulkheadMetrics
+from ._deadline import current_var
+from ._durations import Seconds, read_clock
+from ._errors import not_copyable
+from ._limit_gradient import Gradient
+
+__all__ = ["AdaptiveLimiter", "Bulkhead", "BulkheadMetrics"]
+
+T = TypeVar("T")
+
+
+def _initialised(obj: object) -> bool:
+    try:
+        obj._ready  # type: ignore[attr-defined]
+    except RuntimeError:
+        return False
+    return True
+
+
+class _Slots:
+    """What Bulkhead and AdaptiveLimiter share: the counters, the fast paths, waiting, calls."""
+
+    __slots__ = (
+        "_lock", "_queue", "_in_flight", "_waiting", "_admitted", "_rejected", "_timed_out",
+        "_cancelled", "_waited", "_peak", "_name", "_max_wait", "_max_waiting", "_clock",
+        "_ready", "__weakref__",
+    )
+
+    def _setup(self, wait_s: float, max_waiting: int, name: Optional[str], clock: Any) -> None:
+        if _initialised(self):
+            raise RuntimeError(f"{type(self).__name__}.__init__ called twice: create a new one")
+        self._lock = threading.Lock()
+        self._queue = _b.WaitQueue()
+        self._in_flight = self._waiting = 0
+        self._admitted = self._rejected = self._timed_out = self._cancelled = 0
+        self._waited = self._peak = 0
+        self._name = name
+        self._max_wait = wait_s
+        self._max_waiting = max_waiting
+        self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
+        self._ready = True
+
+    def __getattr__(self, name: str) -> object:
+        if name in _Slots.__slots__ or name in type(self).__slots__:
+            raise RuntimeError(
+                f"this {type(self).__name__} was never initialised (made with __new__ without "
+                f"__init__)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __copy__(self) -> object:
+        raise not_copyable(self)
+
+    def __deepcopy__(self, memo: object) -> object:
+        raise not_copyable(self)
+
+    def __reduce_ex__(self, protocol: object) -> str | tuple[Any, ...]:
+        raise not_copyable(self)
+
+    def _cap(self) -> int:
+        raise NotImplementedError
+
+    def _now(self) -> int:
+        return read_clock(self._clock)
+
+    # -- the fast paths ---------------------------------------------------------------------
+
+    def _try_admit(self) -> bool:
+        with self._lock:
+            if self._waiting == 0 and self._in_flight < self._cap():
+                self._in_flight += 1
+                self._admitted += 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+                return True
+            return False
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits for one; never waits."""
+        with self._lock:
+            if self._waiting == 0 and self._in_flight < self._cap():
+                self._in_flight += 1
+                self._admitted += 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+                return True
+            self._rejected += 1
+            return False
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            if self._in_flight == 0:
+                raise RuntimeError("release() without a matching acquisition: nothing is held")
+            if self._waiting == 0:
+                self._in_flight -= 1
+                return
+        _b.release_slow(self)
+
+    # -- the queue's steps (each called under the queue lock, see _bulkhead) -----------------
+
+    def _q_enter(self) -> int:
+        with self._lock:
+            if self._waiting == 0 and self._in_flight < self._cap():
+                self._in_flight += 1
+                self._admitted += 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+                return _b.ADMITTED
+            if self._waiting >= self._max_waiting:
+                self._rejected += 1
+                return _b.FULL
+            self._waiting += 1
+            return _b.QUEUED
+
+    def _q_transfer(self) -> bool:
+        with self._lock:
+            if self._waiting > 0 and self._in_flight < self._cap():
+                self._in_flight += 1
+                self._waiting -= 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+                return True
+            return False
+
+    def _q_unreserve(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _q_leave(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+    def _q_free(self) -> bool:
+        with self._lock:
+            if self._in_flight == 0:
+                return False
+            self._in_flight -= 1
+            return True
+
+    def _q_count(self, kind: int) -> None:
+        with self._lock:
+            if kind == _b.WOKEN:
+                self._admitted += 1
+                self._waited += 1
+            elif kind == _b.CANCELLED:
+                self._cancelled += 1
+            else:
+                self._rejected += 1
+                if kind != _b.REFUSED:
+                    self._timed_out += 1
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Slots held now (including one being handed to a waiter)."""
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a slot now."""
+        return self._waiting
+
+    @property
+    def max_concurrent(self) -> int:
+        """The number of slots (for an AdaptiveLimiter, ``floor(limit)`` now)."""
+        return self._cap()
+
+    @property
+    def name(self) -> Optional[str]:
+        """The name given at construction (shown in errors), or None."""
+        return self._name
+
+    def metrics(self) -> BulkheadMetrics:
+        """A snapshot of the counters."""
+        with self._lock:
+            return BulkheadMetrics(
+                self._admitted, self._rejected, self._timed_out, self._cancelled, self._waited,
+                self._in_flight, self._waiting, self._peak,
+            )
+
+    def __enter__(self) -> Any:
+        if current_var.get() is not None or not self._try_admit():
+            _b.acquire(self)
+        self._enter_started()
+        return self
+
+    async def __aenter__(self) -> Any:
+        if current_var.get() is not None or not self._try_admit():
+            await _b.acquire_async(self)
+        self._enter_started()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exit(exc)
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` holding a slot (waiting up to ``max_wait`` for one)."""
+        return _b.call(self, fn, args, kwargs)
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Await ``fn(*args, **kwargs)`` holding a slot (waiting up to ``max_wait`` for one)."""
+        return await _b.call_async(self, fn, args, kwargs)
+
+    def __call__(self, fn: Any) -> Any:
+        """``@bulkhead``: guard a sync or async function."""
+        return _b.decorate(self, fn)
+
+    def _enter_started(self) -> None:
+        pass
+
+    def _exit(self, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
+    def _start_or_release(self) -> int:
+        return 0
+
+    def _done(self, start: int, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
+
+class Bulkhead(_Slots):
+    """At most ``max_concurrent`` calls at once; others wait up to ``max_wait`` seconds, in
+    order of arrival, at most ``max_waiting`` of them (default ``max_concurrent``), or fail with
+    ``BulkheadFullError``. ``clock`` (int ns, such as ``testing.FakeClock``) times ``.waited``.
+    """
+
+    __slots__ = ("_max",)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        raise TypeError("Bulkhead cannot be subclassed")
+
+    def __init__(
+        self,
+        max_concurrent: int,
+        *,
+        max_wait: Seconds = 0.0,
+        max_waiting: Optional[int] = None,
+        name: Optional[str] = None,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        cap, wait_s, waiting, name = _b.check_bulkhead(
+            max_concurrent, max_wait, max_waiting, name, clock
+        )
+        self._setup(wait_s, waiting, name, clock)
+        self._max = cap
+
+    def _cap(self) -> int:
+        return self._max
+
+    def release(self) -> None:
+        """Give back a slot taken by ``try_acquire()``; RuntimeError if none is held."""
+        self._release_slot()
+
+    def _exit(self, exc: BaseException | None) -> None:
+        self._release_slot()
+
+    def _done(self, start: int, exc: BaseException | None) -> None:
+        self._release_slot()
+
+    def __repr__(self) -> str:
+        if not _initialised(self):
+            return "<Bulkhead (not initialised)>"
+        return (
+            f"Bulkhead(max_concurrent={self._max}, max_wait={self._max_wait!r}, "
+            f"max_waiting={self._max_waiting}, name={self._name!r}, in_flight={self._in_flight}, "
+            f"waiting={self._waiting})"
+        )
+
+
+class AdaptiveLimiter(_Slots):
+    """A bulkhead whose limit adapts to the observed round trips (AIMD or gradient).
+
+    See ``_bulkhead.aimd`` and ``_limit_gradient`` for the algorithms. The call paths time each
+    call with ``clock`` and report ``dropped=True`` for exceptions matching ``drop_on`` and for
+    ``DeadlineExceeded``.
+    """
+
+    __slots__ = ("_limit", "_last_cut", "_cfg", "_gradient", "_drop_on")
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        raise TypeError("AdaptiveLimiter cannot be subclassed")
+
+    def __init__(
+        self,
+        initial_limit: float = 20,
+        *,
+        min_limit: float = 4,
+        max_limit: float = 400,
+        algorithm: str = "aimd",
+        rtt_threshold: Seconds = 0.25,
+        backoff: float = 0.9,
+        max_wait: Seconds = 0.0,
+        max_waiting: Optional[int] = None,
+        drop_on: type[BaseException] | tuple[type[BaseException], ...] = (TimeoutError,),
+        name: Optional[str] = None,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        cfg = _b.check_limiter(
+            initial_limit, min_limit, max_limit, algorithm, rtt_threshold, backoff, max_wait,
+            max_waiting, drop_on, name, clock,
+        )
+        self._setup(cfg.max_wait, cfg.max_waiting, cfg.name, clock)
+        self._cfg = cfg
+        self._limit = cfg.initial
+        self._last_cut = _b.NO_CUT
+        self._drop_on = cfg.drop_on
+        self._gradient = Gradient(cfg) if cfg.algorithm == _b.GRADIENT else None
+
+    def _cap(self) -> int:
+        return int(self._limit)
+
+    @property
+    def limit(self) -> float:
+        """The current limit; ``floor(limit)`` calls may run at once."""
+        return self._limit
+
+    def _get_limit(self) -> float:
+        return self._limit
+
+    def _set_limit(self, value: float) -> None:
+        with self._lock:
+            self._limit = value
+
+    def release(self, rtt: Optional[Seconds] = None, *, dropped: bool = False) -> None:
+        """Give back a slot, with the call's round trip (seconds) as a sample for the limit.
+
+        ``dropped=True`` reports a drop (a timeout, an overload answer). With neither, the slot is
+        freed and the limit is unchanged. RuntimeError (and nothing changes) if none is held.
+        """
+        ns = None if rtt is None else _b.rtt_ns(rtt)
+        if ns is None and not dropped:
+            self._release_slot()
+            return
+        self._release_sample(ns, bool(dropped), self._now())
+
+    def _release_sample(self, rtt: Optional[int], dropped: bool, now: int) -> None:
+        with self._lock:
+            in_flight = self._in_flight
+            if in_flight == 0:
+                raise RuntimeError("release() without a matching acquisition: nothing is held")
+            if self._gradient is None:
+                self._limit, self._last_cut = _b.aimd(
+                    self._limit, self._last_cut, rtt, dropped, now, in_flight, self._cfg
+                )
+        if self._gradient is not None:
+            self._gradient.sample(self, rtt, dropped, now, in_flight)
+        self._release_slot()
+
+    def _enter_started(self) -> None:
+        try:
+            start = self._now()
+        except BaseException:
+            self._release_slot()
+            raise
+        _b.push_start(self, start)
+
+    def _exit(self, exc: BaseException | None) -> None:
+        start = _b.pop_start(self)
+        if start is None:
+            self._release_slot()  # exited in another context: no sample
+        else:
+            self._done(start, exc)
+
+    def _start_or_release(self) -> int:
+        try:
+            return self._now()
+        except BaseException:
+            self._release_slot()
+            raise
+
+    def _done(self, start: int, exc: BaseException | None) -> None:
+        drop = _b.is_drop(self, exc)
+        if drop is None:
+            self._release_slot()
+            return
+        try:
+            now = self._now()
+        except BaseException:
+            self._release_slot()
+            raise
+        self._release_sample(max(0, now - start), drop, now)
+
+    def __repr__(self) -> str:
+        if not _initialised(self):
+            return "<AdaptiveLimiter (not initialised)>"
+        alg = "aimd" if self._gradient is None else "gradient"
+        return (
+            f"AdaptiveLimiter(limit={self._limit!r}, algorithm={alg!r}, name={self._name!r}, "
+            f"in_flight={self._in_flight}, waiting={self._waiting})"
+        )
