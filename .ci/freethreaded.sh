@@ -89,7 +89,7 @@ PY
     (cd /tmp && "$venv/bin/python" -W error -c '
 import sys, sysconfig
 assert sysconfig.get_config_var("Py_GIL_DISABLED") == 1
-import fastbreaker, fastbreaker._breaker_c, fastbreaker._budget_c, fastbreaker._floor_c
+import fastbreaker, fastbreaker._breaker_c, fastbreaker._budget_c, fastbreaker.bench._floor_c
 assert fastbreaker.COMPILED, "the compiled core is not in use"
 assert not sys._is_gil_enabled(), "importing fastbreaker re-enabled the GIL"
 print("GIL enabled after import:", sys._is_gil_enabled(), "- compiled core:", fastbreaker.__file__)

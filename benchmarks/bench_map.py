@@ -64,7 +64,7 @@ def twin_map_class() -> Any:
 
 
 def floor_dict(keys: list[str]) -> dict[str, Any]:
-    from fastbreaker._floor_c import Floor
+    from fastbreaker.bench._floor_c import Floor
 
     return {k: Floor() for k in keys}
 
