@@ -18,7 +18,17 @@ from typing import Any, Optional, Sequence
 from ._registry import SECTIONS
 from ._section import Section, System
 from ._targets import compute_targets
-from ._timing import UNROLL, Cell, af, baselines, calibrate, f, make_loop, measure_setup, time_rounds
+from ._timing import (
+    UNROLL,
+    Cell,
+    af,
+    baselines,
+    calibrate,
+    f,
+    make_loop,
+    measure_setup,
+    time_rounds,
+)
 
 
 class Progress:
