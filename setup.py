@@ -38,6 +38,7 @@ def extensions():
         "cdivision": not DEBUG,
         # Signatures in the docstrings, for help() and inspect.signature() on compiled classes.
         "embedsignature": True,
+        "embedsignature.format": "clinic",
     }
     return cythonize(exts, compiler_directives=directives)
 

@@ -164,7 +164,7 @@ def test_every_ratio_names_its_floor(report: dict[str, Any]) -> None:
     out = report["proc"].stdout
     assert "x Floor().call(f)" in out  # the table's ratio column
     if fastbreaker.COMPILED:
-        summary = out[out.index("fastbreaker (compiled), from the tables above:"):]
+        summary = out[out.index("fastbreaker (compiled), from the tables above:") :]
         assert "the floor Floor().allow()" in summary
         assert "the floor Floor().call(f)-f()" in summary
     assert " x floor" not in out and "x floor " not in out  # no ratio to an unnamed floor
@@ -202,9 +202,19 @@ def test_targets_compare_unrounded_ratios() -> None:
     assert _targets.ratio_vs(1.1497, 1.15) == "1.15"  # met, and printed as equal: consistent
     assert _targets.ratio_vs(2.0, 3.0) == "2.00"
     floor = _section.System("floor", "floor", "0", {}, {}, {}, results={"allow_ns": 10.0})
-    fb = _section.System("fastbreaker", "fb", "0", {}, {}, {}, results={
-        "allow_ns": 11.5 + 1e-9, "call_ns": 30.0, "open_allow_ns": 20.0,
-    })
+    fb = _section.System(
+        "fastbreaker",
+        "fb",
+        "0",
+        {},
+        {},
+        {},
+        results={
+            "allow_ns": 11.5 + 1e-9,
+            "call_ns": 30.0,
+            "open_allow_ns": 20.0,
+        },
+    )
     targets = _targets.compute_targets([fb, floor], loop_ns=0.0)
     checks = {t["what"]: t for t in targets["checks"]}
     assert checks["allow() in CLOSED"]["met"] is False
@@ -244,7 +254,9 @@ def test_plot_draws_allow_next_to_the_calls(report: dict[str, Any]) -> None:
         panels = {ax.get_title(): ax for ax in fig.axes}
         allow = next(ax for title, ax in panels.items() if title.startswith("allow()"))
         widths = [bar.get_width() for bar in allow.patches]
-        expected = [r["allow_ns"] if r["allow_ns"] and r["allow_ns"] > 0 else 0 for r in data["rows"]]
+        expected = [
+            r["allow_ns"] if r["allow_ns"] and r["allow_ns"] > 0 else 0 for r in data["rows"]
+        ]
         assert widths == pytest.approx(expected)
         labels = [t.get_text() for t in allow.texts]
         assert "300 ns  (30x)" in labels  # the twin, as a multiple of Floor().allow()

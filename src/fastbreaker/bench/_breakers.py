@@ -337,7 +337,6 @@ def _purgatory(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     ), ""
 
 
-
 def _ratios(systems: Sequence[System]) -> None:
     """``x_floor`` and ``x_fastbreaker``: each row's call(f)-f() over the reference row's."""
     ref = {s.key: s.results.get("call_ns") for s in systems}

@@ -83,7 +83,9 @@ def _notes(result: Mapping[str, Any]) -> list[str]:
             notes.append(f"  {row['label']}: {how}")
     for _, part in parts:
         for skip in part["skipped"]:
-            hint = "  (pip install 'fastbreaker[bench]')" if skip["reason"] == "not installed" else ""
+            hint = (
+                "  (pip install 'fastbreaker[bench]')" if skip["reason"] == "not installed" else ""
+            )
             notes.append(f"  skipped {skip['label']}: {skip['reason']}{hint}")
     notes.append(
         "Shared machines are noisy: absolute numbers vary from run to run, the ratios carry over."

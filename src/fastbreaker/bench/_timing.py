@@ -142,9 +142,7 @@ def time_rounds(cells: list[Cell], rounds: int, progress: Reporter) -> None:
         progress(f"round {r + 1}/{rounds} done, about {eta:.0f}s to go", step=r + 1 < rounds)
 
 
-def measure_setup(
-    build: Callable[[list[str]], dict[str, Any]], hosts: list[str]
-) -> dict[str, Any]:
+def measure_setup(build: Callable[[list[str]], dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
     """Run ``build(hosts)`` under tracemalloc; return its namespace and what it cost per host."""
     threads = threading.active_count()
     gc.collect()
