@@ -24,8 +24,7 @@ from . import testing
 from ._deadline import Deadline, current_deadline, deadline
 from ._map import BreakerMap, MapMetrics
 from ._retry import retry, retrying
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 
 def get_include() -> str:
