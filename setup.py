@@ -11,7 +11,8 @@ from setuptools import Extension, setup
 NO_EXTENSIONS = bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS"))
 DEBUG = bool(os.environ.get("FASTBREAKER_DEBUG"))
 
-MODULES = ["_breaker_c", "_budget_c", "_map_c", "_floor_c", "_bulkhead_c"]
+# Dotted names under fastbreaker; bench._floor_c is the benchmark floor (an empty method).
+MODULES = ["_breaker_c", "_budget_c", "_map_c", "_bulkhead_c", "bench._floor_c"]
 
 
 def extensions():
@@ -20,7 +21,7 @@ def extensions():
     exts = [
         Extension(
             f"fastbreaker.{name}",
-            [f"src/fastbreaker/{name}.pyx"],
+            [f"src/fastbreaker/{name.replace('.', '/')}.pyx"],
             include_dirs=["src/fastbreaker"],
             extra_compile_args=[] if os.name == "nt" else ["-O2"],
             undef_macros=["NDEBUG"] if DEBUG else [],
@@ -35,6 +36,9 @@ def extensions():
         "wraparound": DEBUG,
         "initializedcheck": DEBUG,
         "cdivision": not DEBUG,
+        # Signatures in the docstrings, for help() and inspect.signature() on compiled classes.
+        "embedsignature": True,
+        "embedsignature.format": "clinic",
     }
     return cythonize(exts, compiler_directives=directives)
 

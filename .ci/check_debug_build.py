@@ -13,7 +13,7 @@ import pathlib
 import subprocess
 import sys
 
-MODULES = ["_breaker_c", "_budget_c", "_map_c", "_floor_c"]
+MODULES = ["_breaker_c", "_budget_c", "_map_c", "bench/_floor_c"]  # paths under src/fastbreaker
 DIVIDING = ["_breaker_c", "_budget_c"]  # the modules that divide C integers
 
 

@@ -5,8 +5,8 @@
 #   bash .ci/freethreaded.sh
 #
 # The interpreter lives at a fixed prefix (FB_PY313T_PREFIX, default /opt/python313t) and is
-# reused when present; otherwise it is built there with shared/tools/get-python313t.sh (about 4-6
-# minutes on 2 cores). If it cannot be obtained, the leg says so loudly and exits 0 so that the
+# reused when present; otherwise it is built there with get-python313t.sh, found beside the
+# checkout in ../shared/tools/ or named by FB_GET_PYTHON313T (about 4-6 minutes on 2 cores). If it cannot be obtained, the leg says so loudly and exits 0 so that the
 # rest of CI still runs. Everything after that is a real check: a failure fails the leg.
 #
 # .ci/tsan.sh sources this file for fb_get_python313t.
@@ -30,11 +30,10 @@ fb_get_python313t() {
         echo "$py"
         return 0
     fi
-    top=$(git rev-parse --show-toplevel 2>/dev/null || pwd)
-    script="$top/../shared/tools/get-python313t.sh"
-    [ -f "$script" ] || script=/work/shared/tools/get-python313t.sh
+    top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    script=${FB_GET_PYTHON313T:-$top/../shared/tools/get-python313t.sh}
     if [ ! -f "$script" ]; then
-        echo "no get-python313t.sh beside the repo nor in /work/shared/tools" >&2
+        echo "no $FB_PY313T_PREFIX/bin/python3.13t, and no $script to build one (set FB_GET_PYTHON313T)" >&2
         return 1
     fi
     log=$(mktemp)
@@ -89,7 +88,7 @@ PY
     (cd /tmp && "$venv/bin/python" -W error -c '
 import sys, sysconfig
 assert sysconfig.get_config_var("Py_GIL_DISABLED") == 1
-import fastbreaker, fastbreaker._breaker_c, fastbreaker._budget_c, fastbreaker._floor_c
+import fastbreaker, fastbreaker._breaker_c, fastbreaker._budget_c, fastbreaker.bench._floor_c
 assert fastbreaker.COMPILED, "the compiled core is not in use"
 assert not sys._is_gil_enabled(), "importing fastbreaker re-enabled the GIL"
 print("GIL enabled after import:", sys._is_gil_enabled(), "- compiled core:", fastbreaker.__file__)

@@ -68,7 +68,7 @@ def twin_map_class() -> Any:
 
 
 def floor_dict(keys: list[str]) -> dict[str, Any]:
-    from fastbreaker._floor_c import Floor
+    from fastbreaker.bench._floor_c import Floor
 
     return {k: Floor() for k in keys}
 
@@ -245,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     if not fastbreaker.COMPILED:
         print("bench_map.py needs the compiled core (FASTBREAKER_NO_EXTENSIONS is set)")
         return 2
-    import pybreaker
     from fastbreaker import _breaker_c
 
     repeats = 5 if args.quick else 30
@@ -275,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "dict of twin breakers: d[key].call(f)": lambda: loop_dict_call(py_d, keys),
         "dict of pybreaker breakers: d[key].call(f)": lambda: loop_dict_call(pyb_d, keys),
     }, HOSTS, max(3, repeats // 3))
-    del floor_d, cmap, pymap, c_d, py_d, pyb_d
+    floor_d = cmap = pymap = c_d = py_d = pyb_d = None  # free them before the churn test
     for title, table in (("allow() in CLOSED", allow), ("call(f) in CLOSED", call)):
         base = next(iter(table.values()))
         print(f"### Speed: {title}, round-robin over {HOSTS:,} keys\n")

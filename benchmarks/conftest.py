@@ -51,7 +51,7 @@ def floor() -> Any:
     """``Floor()``: what a compiled ``allow()`` is measured against."""
     if os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
         pytest.skip("the floor is compiled; this is a pure-Python run")
-    from fastbreaker._floor_c import Floor
+    from fastbreaker.bench._floor_c import Floor
 
     return Floor()
 

@@ -9,8 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fastbreaker import _budget_py, _options, _retry
 from fastbreaker.testing import FakeClock, instant_retries

@@ -375,8 +375,7 @@ def test_generator_holds_its_permit_until_exhausted(fb, clock):
 
     @b
     def gen(n):
-        for i in range(n):
-            yield i
+        yield from range(n)
         return "done"
 
     assert inspect.isgeneratorfunction(gen) and gen.__name__ == "gen"

@@ -303,7 +303,7 @@ def test_importing_everything_keeps_the_gil_disabled(client: Any) -> None:
     if not sysconfig.get_config_var("Py_GIL_DISABLED"):
         pytest.skip("not a free-threaded build")
     code = (
-        "import sys, fastbreaker, fastbreaker._breaker_c, fastbreaker._budget_c, fastbreaker._floor_c\n"
+        "import sys, fastbreaker, fastbreaker._breaker_c, fastbreaker._budget_c, fastbreaker.bench._floor_c\n"
         f"sys.path.insert(0, {str(pathlib.Path(client.__file__).parent)!r})\n"
         "import fb_capi_client\n"
         "print(sys._is_gil_enabled())\n"

@@ -16,7 +16,6 @@ import os
 import pickle
 import subprocess
 import sys
-import textwrap
 import tracemalloc
 import types
 import weakref

@@ -8,7 +8,6 @@ step (a tuple, a list entry, a dict slot) is tens of bytes per step; the bound i
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import gc
 import tracemalloc

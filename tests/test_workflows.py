@@ -3,7 +3,8 @@
 actionlint cannot be installed here (its wheel downloads a binary), so this is the check that can
 run offline: the YAML parses, it validates against the GitHub workflow schema when
 check-jsonschema is installed, the jobs and matrices are the intended ones, every
-``${{ matrix.x }}`` names a matrix key, actions are pinned, cibuildwheel lists the intended builds
+``${{ matrix.x }}`` names a matrix key, actions are pinned by commit SHA with the version in a
+comment, the workflows run the steps of ``.ci/run``, cibuildwheel lists the intended builds
 and its table holds only non-default settings, and the CI scripts parse.
 """
 
@@ -60,7 +61,16 @@ def test_workflow_is_well_formed(name: str) -> None:
         for step in job["steps"]:
             assert ("uses" in step) != ("run" in step), f"{job_id}: a step needs exactly one of uses/run"
             if "uses" in step:
-                assert re.fullmatch(r"[\w.-]+/[\w./-]+@v?\d[\w.]*", step["uses"]), step["uses"]
+                # pinned by commit SHA: a tag can be moved, a commit cannot
+                assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+
+
+@pytest.mark.parametrize("name", ["test.yml", "wheels.yml"])
+def test_pinned_actions_name_their_version(name: str) -> None:
+    lines = [ln for ln in (WORKFLOWS / name).read_text(encoding="utf-8").splitlines() if "uses:" in ln]
+    assert lines
+    for line in lines:
+        assert re.search(r"uses: \S+@[0-9a-f]{40}  # v\d+\.\d+\.\d+$", line), line
 
 
 @pytest.mark.parametrize("name", ["test.yml", "wheels.yml"])
@@ -85,7 +95,11 @@ def test_test_workflow_covers_the_matrix() -> None:
     # the pure leg really is pure: the env var that the build and the selector read
     assert "matrix.core == 'pure'" in job["env"]["FASTBREAKER_NO_EXTENSIONS"]
     runs = [step.get("run", "") for step in job["steps"]]
-    assert any("pytest -q" in r and "--parallel-threads" not in r for r in runs)
+    # the workflow runs the steps of .ci/run, the one entry point
+    for step in ("install", "lint", "tests", "bench", "report"):
+        assert any(f"bash .ci/run {step}" in r for r in runs), step
+    lint = next(s for s in job["steps"] if "bash .ci/run lint" in s.get("run", ""))
+    assert "matrix.core == 'compiled'" in lint["if"]  # stubtest needs the compiled modules
     parallel = [s for s in job["steps"] if "--parallel-threads" in s.get("run", "")]
     assert parallel and "endsWith(matrix.python, 't')" in parallel[0]["if"]
     assert any("_is_gil_enabled" in r for r in runs)

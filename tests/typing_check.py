@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from typing import AsyncIterator, Iterator
+
 from typing_extensions import assert_type  # (typing.assert_type is 3.11+)
 
 import fastbreaker as fb

@@ -27,8 +27,7 @@ from ._bulkhead import BulkheadMetrics
 from ._deadline import Deadline, current_deadline, deadline
 from ._map import BreakerMap, MapMetrics
 from ._retry import retry, retrying
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 
 def get_include() -> str:

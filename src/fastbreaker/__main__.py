@@ -1,8 +1,8 @@
-"""``python -m fastbreaker``: the headline benchmark report (see ``fastbreaker._report``)."""
+"""``python -m fastbreaker``: the headline benchmark report (see ``fastbreaker.bench``)."""
 
 import sys
 
-from ._report import main
+from .bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

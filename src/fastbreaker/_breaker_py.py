@@ -16,7 +16,7 @@ import math
 import threading
 from fractions import Fraction
 from time import monotonic_ns as _monotonic_ns
-from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar, final
 
 from . import _calls
 from ._durations import read_clock
@@ -122,6 +122,7 @@ class Config:
         self.options.update_from(options)
 
 
+@final
 class CircuitBreaker:
     """A circuit breaker: lock-free in the compiled core, this twin guards its state with a lock.
 

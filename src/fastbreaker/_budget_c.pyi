@@ -1,7 +1,9 @@
 """Type stub of the compiled RetryBudget; it mirrors the pure-Python twin in ``_budget_py``."""
 
 from collections.abc import Callable
+from typing import NoReturn, final
 
+@final
 class RetryBudget:
     def __init__(
         self,
@@ -11,6 +13,8 @@ class RetryBudget:
         *,
         clock: Callable[[], int] | None = None,
     ) -> None: ...
+    def __copy__(self) -> NoReturn: ...
+    def __deepcopy__(self, memo: object) -> NoReturn: ...
     def record_success(self) -> None: ...
     def allow_retry(self) -> bool: ...
     @property

@@ -18,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, final
+
 from ._durations import check_clock, read_clock
 from ._options import TOKEN_UNIT as UNIT, budget_units
 from ._errors import not_copyable
@@ -48,6 +49,7 @@ def _accrued(elapsed_us: int, rate: int, capacity: int) -> int:
     return min(secs * rate + rest_us * rate // _US_PER_SEC, capacity)
 
 
+@final
 class RetryBudget:
     """A token bucket that limits retries to a share of successes plus a small steady reserve.
 
@@ -79,7 +81,7 @@ class RetryBudget:
     def __deepcopy__(self, memo: object) -> object:
         raise not_copyable(self)
 
-    def __reduce_ex__(self, protocol: object) -> str | tuple[Any, ...]:
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
         raise not_copyable(self)
 
     def __init__(

@@ -1,10 +1,12 @@
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, final
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
+@final
 class Floor:
     """The cheapest possible method call on a Cython class (benchmark floor)."""
 
     def allow(self) -> bool: ...
     def record_success(self, elapsed: object = None) -> None: ...
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
+    def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T: ...

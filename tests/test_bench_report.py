@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import fastbreaker
-from fastbreaker import _report
+from fastbreaker.bench import _render, _section, _targets
 
 pytestmark = pytest.mark.thread_unsafe  # each test runs the report in a subprocess
 
@@ -128,7 +128,7 @@ def test_plot_without_matplotlib_says_so(tmp_path: Path) -> None:
     # sys.modules[name] = None makes `import name` raise ImportError, as if not installed.
     code = (
         "import sys; sys.modules['matplotlib'] = None; sys.argv[0] = 'fastbreaker'; "
-        "from fastbreaker._report import main; sys.exit(main(sys.argv[1:]))"
+        "from fastbreaker.bench import main; sys.exit(main(sys.argv[1:]))"
     )
     png = tmp_path / "chart.png"
     proc = _run("--quick", "--plot", str(png), code=code)
@@ -164,7 +164,7 @@ def test_every_ratio_names_its_floor(report: dict[str, Any]) -> None:
     out = report["proc"].stdout
     assert "x Floor().call(f)" in out  # the table's ratio column
     if fastbreaker.COMPILED:
-        summary = out[out.index("fastbreaker (compiled), from the tables above:"):]
+        summary = out[out.index("fastbreaker (compiled), from the tables above:") :]
         assert "the floor Floor().allow()" in summary
         assert "the floor Floor().call(f)-f()" in summary
     assert " x floor" not in out and "x floor " not in out  # no ratio to an unnamed floor
@@ -187,34 +187,44 @@ def test_summary_gives_ratios_to_the_floors_and_to_the_peers(report: dict[str, A
         floor={"allow_ns": 10.0, "call_ns": 50.0},
         fastbreaker_py={"call_ns": 1000.0, "open_call_ns": 2000.0},
     )
-    text = _report.format_text(data)
+    text = _render.format_text(data)
     assert "allow() in CLOSED: 15.0 ns = 1.50x the floor Floor().allow() (10.0 ns)" in text
     assert "call(f)-f(): 40.0 ns = 0.80x the floor Floor().call(f)-f() (50.0 ns)" in text
     assert "fastbreaker (pure twin): call 25x, open: call 4.00x" in text
     # a noisy run can measure a negative cell: it gets no ratio rather than a meaningless one
     data = _result(report, fastbreaker={"allow_ns": -3.0}, floor={"allow_ns": 10.0})
-    assert "= n/a the floor Floor().allow()" in _report.format_text(data)
+    assert "= n/a the floor Floor().allow()" in _render.format_text(data)
 
 
 def test_targets_compare_unrounded_ratios() -> None:
     # a ratio that prints as the target when rounded to 2 decimals is still a miss
-    assert _report._ratio_vs(1.1503, 1.15) == "1.1503"
-    assert _report._ratio_vs(1.1497, 1.15) == "1.15"  # met, and printed as equal: consistent
-    assert _report._ratio_vs(2.0, 3.0) == "2.00"
-    floor = _report.System("floor", "floor", "0", {}, {}, {}, results={"allow_ns": 10.0})
-    fb = _report.System("fastbreaker", "fb", "0", {}, {}, {}, results={
-        "allow_ns": 11.5 + 1e-9, "call_ns": 30.0, "open_allow_ns": 20.0,
-    })
-    targets = _report._targets([fb, floor], loop_ns=0.0)
+    assert _targets.ratio_vs(1.1503, 1.15) == "1.1503"
+    assert _targets.ratio_vs(1.1497, 1.15) == "1.15"  # met, and printed as equal: consistent
+    assert _targets.ratio_vs(2.0, 3.0) == "2.00"
+    floor = _section.System("floor", "floor", "0", {}, {}, {}, results={"allow_ns": 10.0})
+    fb = _section.System(
+        "fastbreaker",
+        "fb",
+        "0",
+        {},
+        {},
+        {},
+        results={
+            "allow_ns": 11.5 + 1e-9,
+            "call_ns": 30.0,
+            "open_allow_ns": 20.0,
+        },
+    )
+    targets = _targets.compute_targets([fb, floor], loop_ns=0.0)
     checks = {t["what"]: t for t in targets["checks"]}
     assert checks["allow() in CLOSED"]["met"] is False
     assert checks["call(f) minus f()"]["met"] is True  # 3.0x exactly: met
     assert targets["floor"] == "Floor().allow()"
     result = {"targets": targets, "check_targets": True}
-    assert _report.missed_targets(result) == ["allow() in CLOSED"]
-    lines = _report._target_lines(result)
+    assert _targets.missed_targets(result) == ["allow() in CLOSED"]
+    lines = _targets.target_lines(result)
     assert any("allow() in CLOSED" in ln and "1.150000" in ln and "MISSED" in ln for ln in lines)
-    assert _report._target_lines(dict(result, check_targets=False)) == []
+    assert _targets.target_lines(dict(result, check_targets=False)) == []
 
 
 def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
@@ -239,15 +249,50 @@ def test_plot_draws_allow_next_to_the_calls(report: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     data = _result(report, fastbreaker_py={"allow_ns": 300.0}, floor={"allow_ns": 10.0})
-    fig = _report.figure(data)
+    fig = _render.figure(data)
     try:
         panels = {ax.get_title(): ax for ax in fig.axes}
         allow = next(ax for title, ax in panels.items() if title.startswith("allow()"))
         widths = [bar.get_width() for bar in allow.patches]
-        expected = [r["allow_ns"] if r["allow_ns"] and r["allow_ns"] > 0 else 0 for r in data["rows"]]
+        expected = [
+            r["allow_ns"] if r["allow_ns"] and r["allow_ns"] > 0 else 0 for r in data["rows"]
+        ]
         assert widths == pytest.approx(expected)
         labels = [t.get_text() for t in allow.texts]
         assert "300 ns  (30x)" in labels  # the twin, as a multiple of Floor().allow()
         assert any(title.startswith("guarded call") for title in panels)
     finally:
         plt.close(fig)
+
+
+def test_a_new_section_is_one_module_and_one_registration() -> None:
+    # What a section module holds: its systems and what it measures; registering it is one line.
+    from fastbreaker.bench import _registry, _run
+
+    def toy(loop: Any) -> tuple[_section.System | None, str]:
+        stmts = {"toy_ns": "x + 1"}
+        return _section.System("toy", "toy system", "0", {"x": 1}, stmts, dict(stmts)), ""
+
+    section = _section.Section(
+        key="toy",
+        systems=[("toy system", toy), ("absent peer", lambda loop: (None, "not installed"))],
+        columns=[("toy_ns", "x + 1", "ns")],
+        tables=[("toy, {rounds} rounds", ["toy_ns"])],
+        baselines={"toy_ns": ("sync", "pass")},
+        summary=lambda part: [f"toy rows: {len(part['rows'])}"],
+    )
+    _registry.SECTIONS.append(section)
+    try:
+        progress = _run.Progress(sys.stderr, quiet=True)
+        result = _run.run_report(quick=True, rounds=1, batch_ms=0.2, hosts=10, progress=progress)
+        result["check_targets"] = False
+        text = _render.format_text(result)
+    finally:
+        _registry.SECTIONS.remove(section)
+    toy_part = result["sections"]["toy"]
+    assert [row["key"] for row in toy_part["rows"]] == ["toy"]
+    assert isinstance(toy_part["rows"][0]["toy_ns"], float)
+    assert toy_part["skipped"] == [{"label": "absent peer", "reason": "not installed"}]
+    assert "toy" not in {row["key"] for row in result["rows"]}  # the first section stays on top
+    assert "toy, 1 rounds" in text and "toy rows: 1" in text
+    assert "skipped absent peer: not installed" in text

@@ -1,0 +1,98 @@
+"""The command line: ``python -m fastbreaker [--quick] [--json PATH] [--plot PATH] ...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+from ._render import format_markdown, format_text, plot, require_matplotlib
+from ._run import Progress, run_report
+from ._targets import missed_targets
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fastbreaker``: run the headline benchmark and print the table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fastbreaker",
+        description="Measure fastbreaker against its pure-Python twin, every installed peer and "
+        "the floor (an empty Cython method call), on this machine, in this run.",
+        epilog="A full run takes under a minute on 2 cores and starts no thread. Peers: "
+        "pip install 'fastbreaker[bench]'. How each cell is measured is printed under the table.",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (seconds)")
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the results as JSON to PATH ('-': stdout)"
+    )
+    parser.add_argument(
+        "--plot", metavar="PATH", help="also draw the table as a PNG bar chart (needs matplotlib)"
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--check-targets",
+        action="store_true",
+        help="also check the compiled core against the developers' targets (ratios to "
+        "Floor().allow()); exit with status 1 when one is missed",
+    )
+    # For tests and CI smoke runs: FASTBREAKER_REPORT_TINY=1 (or these) makes a run of seconds
+    # whose numbers mean nothing but whose every path runs.
+    tiny = bool(os.environ.get("FASTBREAKER_REPORT_TINY"))
+    hidden = argparse.SUPPRESS
+    parser.add_argument("--rounds", type=int, default=2 if tiny else None, help=hidden)
+    parser.add_argument("--batch-ms", type=float, default=0.5 if tiny else None, help=hidden)
+    parser.add_argument("--hosts", type=int, default=500 if tiny else 10_000, help=hidden)
+    args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    if args.hosts < 1:
+        parser.error("--hosts must be >= 1")
+    if args.plot:
+        problem = require_matplotlib()
+        if problem:
+            print(f"python -m fastbreaker: {problem}", file=sys.stderr)
+            return 2
+
+    progress = Progress(sys.stderr, quiet=args.quiet)
+    result = run_report(
+        quick=args.quick,
+        rounds=args.rounds,
+        batch_ms=args.batch_ms,
+        hosts=args.hosts,
+        progress=progress,
+    )
+    if tiny:
+        result["method"]["smoke"] = (
+            "FASTBREAKER_REPORT_TINY is set: a smoke run, its numbers mean nothing"
+        )
+    result["command"] = "python -m fastbreaker" + "".join(
+        " " + a for a in (sys.argv[1:] if argv is None else argv)
+    )
+    result["check_targets"] = args.check_targets
+    if args.json == "-":
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_markdown(result) if args.markdown else format_text(result))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(result, fh, indent=2)
+                fh.write("\n")
+            progress(f"wrote {args.json}")
+    if args.plot:
+        plot(result, args.plot)
+        progress(f"wrote {args.plot}")
+    if args.check_targets:
+        missed = missed_targets(result)
+        if not result.get("targets"):
+            print(
+                "python -m fastbreaker: --check-targets needs the compiled core and the floor",
+                file=sys.stderr,
+            )
+            return 1
+        if missed:
+            print(f"python -m fastbreaker: targets missed: {'; '.join(missed)}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,83 @@
+"""The developers' targets for the compiled core (``--check-targets``), as ratios to the floor.
+
+These are the project's targets, not the user's: they are printed only with ``--check-targets``
+(and always stored in ``--json``), and a missed one makes that run exit with status 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ._section import System
+
+TARGETS = [
+    ("allow_ns", "allow() in CLOSED", 1.15),
+    ("allow_record_ns", "allow() + record_success()", 2.5),
+    ("call_ns", "call(f) minus f()", 3.0),
+    ("open_allow_ns", "rejection in OPEN: allow() -> False", 3.0),
+    ("open_call_ns", "rejection in OPEN: call(f) raising CircuitOpenError", None),
+]
+
+
+def compute_targets(systems: Sequence[System], loop_ns: float) -> dict[str, Any]:
+    """The compiled core against the ratios its developers aim for.
+
+    Every ratio is to one floor, ``Floor().allow()``, as ``timeit`` reports it: the call plus one
+    loop iteration (``loop_ns``). ``allow()`` and the rejections are taken the same way, loop
+    included; ``call(f)`` minus ``f()`` is a difference, so the loop cancels out of it.
+    """
+    by_key = {s.key: s.results for s in systems}
+    fb, floor = by_key.get("fastbreaker"), by_key.get("floor")
+    if fb is None or floor is None or floor.get("allow_ns") is None:
+        return {}
+    unit = floor["allow_ns"] + loop_ns
+    checks = []
+    for metric, what, limit in TARGETS:
+        if fb.get(metric) is None:
+            continue
+        loop = 0.0 if metric == "call_ns" else loop_ns
+        ratio = (fb[metric] + loop) / unit
+        met = None if limit is None else ratio <= limit  # unrounded: what is printed may round
+        checks.append(
+            {"what": what, "ns": fb[metric] + loop, "x_floor": ratio, "target": limit, "met": met}
+        )
+    return {"floor": "Floor().allow()", "floor_ns": unit, "loop_ns": loop_ns, "checks": checks}
+
+
+def missed_targets(result: Mapping[str, Any]) -> list[str]:
+    """The targets the compiled core missed in ``result`` (``--check-targets`` fails on them)."""
+    checks = result.get("targets", {}).get("checks", [])
+    return [t["what"] for t in checks if t["met"] is False]
+
+
+def ratio_vs(ratio: float, limit: float) -> str:
+    """``ratio`` with enough decimals that a missed target never prints as equal to it."""
+    for digits in range(2, 7):
+        text = f"{ratio:.{digits}f}"
+        if (ratio <= limit) == (float(text) <= limit):
+            return text
+    return repr(ratio)
+
+
+def target_lines(result: Mapping[str, Any]) -> list[str]:
+    """The verdicts printed under the table with ``--check-targets`` (nothing without it)."""
+    targets = result.get("targets") or {}
+    if not result.get("check_targets"):
+        return []
+    if not targets:
+        return ["--check-targets: no compiled core or no floor in this run; nothing was checked."]
+    out = [
+        f"--check-targets: the developers' targets for the compiled core, timeit-style (one loop "
+        f"iteration, {targets['loop_ns']:.1f} ns, included); every ratio is to one floor, "
+        f"{targets['floor']} = {targets['floor_ns']:.1f} ns:"
+    ]
+    for t in targets["checks"]:
+        if t["target"] is None:
+            out.append(f"  {t['what']}: {t['ns']:.1f} ns = {t['x_floor']:.2f}x {targets['floor']}")
+            continue
+        verdict = "met" if t["met"] else "MISSED"
+        out.append(
+            f"  {t['what']}: {t['ns']:.1f} ns = {ratio_vs(t['x_floor'], t['target'])}x "
+            f"{targets['floor']}, target <= {t['target']:g}x: {verdict}"
+        )
+    return out
