@@ -304,7 +304,6 @@ def test_slot_arriving_after_the_deadline_goes_to_the_next_waiter(fb: types.Simp
     bh = fb.Bulkhead(1, max_wait=60.0, max_waiting=5)
     assert bh.try_acquire()
     log: list[str] = []
-    late_in = threading.Event()
 
     def late() -> None:
         with fb.deadline(10.0, clock=clock):  # a fake-clock deadline: only the test moves it

@@ -48,11 +48,14 @@ def test_help_shows_the_class_and_its_method_signatures(module: str, name: str) 
 
 
 # A cdef class's constructor signature cannot be embedded by Cython: inspect reads it from a
-# `__signature__` class attribute (or a text signature at the top of the class docstring). The
-# option signature is being moved to one place (issue 12, item 3); the class attribute should be
-# set from it. strict: this fails as soon as it works, so the mark is then removed.
-@pytest.mark.xfail(strict=True, reason="no __signature__ on the compiled classes yet (issue 12)")
+# `__signature__` class attribute, built from BreakerOptions (where the options are written once).
 @pytest.mark.parametrize("module, name", sorted({(m, n) for m, n, _, _ in CLASSES}))
 def test_compiled_class_signature(module: str, name: str) -> None:
     sig = inspect.signature(_cls(module, name))
     assert sig.parameters
+    twin = {"CircuitBreaker": "fastbreaker._breaker_py", "BreakerMap": "fastbreaker._map_py",
+            "RetryBudget": "fastbreaker._budget_py"}[name]
+    # the same parameters, defaults and kinds as the twin's constructor
+    assert [(p.name, p.kind, p.default) for p in sig.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in inspect.signature(_cls(twin, name)).parameters.values()
+    ]

@@ -22,7 +22,8 @@ from ._metrics import Metrics
 from fractions import Fraction
 
 from . import _calls
-from ._options import BreakerOptions
+import inspect as _inspect
+from ._options import BreakerOptions, class_signature
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -617,6 +618,9 @@ cdef class CircuitBreaker:
     cdef core_t st
     cdef readonly object _label
     cdef object __weakref__
+
+    # help() and inspect.signature(): the option list, from the one place it is written.
+    __signature__ = class_signature(_inspect.signature(BreakerOptions.__init__))
 
     # The object owns one reference to the Config its C state points at (st.cfg.owner). The
     # cycle GC sees it through the traverse function installed below the class, not through a

@@ -12,6 +12,7 @@ from libc.stdint cimport int64_t
 
 from ._durations import check_clock as _check_clock, read_clock as _now
 from ._options import TOKEN_UNIT as _PY_UNIT, budget_units as _config
+import inspect as _inspect
 from ._errors import not_copyable as _not_copyable
 
 cdef extern from "_fb_atomic.h" nogil:
@@ -106,6 +107,14 @@ cdef class RetryBudget:
 
     # The state is set once, by the first __init__, before any other thread can see the object; a
     # second __init__ is refused (it would race with the budget's users).
+    # help() and inspect.signature() (Cython cannot embed a class's own signature).
+    __signature__ = _inspect.Signature([
+        _inspect.Parameter("ratio", _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0.1),
+        _inspect.Parameter("capacity", _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=100.0),
+        _inspect.Parameter("min_per_sec", _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=1.0),
+        _inspect.Parameter("clock", _inspect.Parameter.KEYWORD_ONLY, default=None),
+    ])
+
     def __init__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
         if self._ready:
             raise RuntimeError("RetryBudget.__init__ called twice: create a new budget")

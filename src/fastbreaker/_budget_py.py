@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, final
+from typing import final
 
 from ._durations import check_clock, read_clock
-from ._options import TOKEN_UNIT as UNIT, budget_units
 from ._errors import not_copyable
+from ._options import TOKEN_UNIT as UNIT, budget_units
 
 __all__ = ["RetryBudget"]
 

@@ -34,12 +34,12 @@ import collections
 import contextvars
 import dataclasses
 import functools
-import inspect
 import math
 import threading
 from collections.abc import Callable
 from typing import Any, Awaitable, Optional, TypeVar
 
+from . import _calls
 from ._deadline import Deadline, current_var
 from ._durations import check_clock, seconds_to_ns
 from ._errors import BulkheadFullError, DeadlineExceeded
@@ -480,14 +480,13 @@ def decorate(core: Any, fn: Any) -> Any:
     """``@bulkhead``: wrap a sync or async function (its signature and metadata are kept)."""
     if not callable(fn):
         raise TypeError(f"@bulkhead needs a callable, got {fn!r}")
-    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+    how = _calls.kind(fn)
+    if how in ("gen", "asyncgen"):
         raise TypeError(
             f"@bulkhead cannot hold a slot across a generator's iteration ({fn!r}): "
             f"use `with bulkhead:` inside it"
         )
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)
-    ):
+    if how == "async":
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -1,7 +1,6 @@
 """Type stub of the compiled Bulkhead and AdaptiveLimiter; they mirror the twin in ``_bulkhead_py``."""
 
 from ._bulkhead import BulkheadMetrics as BulkheadMetrics
-from ._bulkhead_py import AdaptiveLimiter as AdaptiveLimiter
-from ._bulkhead_py import Bulkhead as Bulkhead
+from ._bulkhead_py import AdaptiveLimiter as AdaptiveLimiter, Bulkhead as Bulkhead
 
 def _hammer(obj: Bulkhead | AdaptiveLimiter, rounds: int, rtt_ns: int, now: int) -> tuple[int, int, int]: ...

@@ -16,7 +16,7 @@ from libc.string cimport memcpy
 
 from . import _bulkhead as _b
 from ._bulkhead import BulkheadMetrics
-from ._deadline import current_var
+from ._deadline import current_var as _deadline_var
 from ._durations import read_clock as _read_clock
 from ._errors import not_copyable as _not_copyable
 from ._limit_gradient import Gradient as _Gradient
@@ -333,7 +333,7 @@ cdef class Bulkhead(_Slots):
         _release(self)
 
     def __enter__(self):
-        if get_value(current_var) is not None or not _admit(&self.st):
+        if get_value(_deadline_var) is not None or not _admit(&self.st):
             _acquire(self)
         return self
 
@@ -341,7 +341,7 @@ cdef class Bulkhead(_Slots):
         _release(self)
 
     async def __aenter__(self):
-        if get_value(current_var) is not None or not _admit(&self.st):
+        if get_value(_deadline_var) is not None or not _admit(&self.st):
             await _acquire_async(self)
         return self
 
@@ -353,7 +353,7 @@ cdef class Bulkhead(_Slots):
         """Run ``fn(*args, **kwargs)`` holding a slot (waiting up to ``max_wait`` for one)."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        if get_value(current_var) is not None or not _admit(&self.st):
+        if get_value(_deadline_var) is not None or not _admit(&self.st):
             _acquire(self)
         try:
             return fn(*args, **kwargs)
@@ -458,7 +458,7 @@ cdef class AdaptiveLimiter(_Slots):
         self._release_sample(max(0, now - start), drop, now)
 
     def __enter__(self):
-        if get_value(current_var) is not None or not _admit(&self.st):
+        if get_value(_deadline_var) is not None or not _admit(&self.st):
             _acquire(self)
         _b.push_start(self, self._start_or_release())
         return self
@@ -471,7 +471,7 @@ cdef class AdaptiveLimiter(_Slots):
             self._done(start, exc)
 
     async def __aenter__(self):
-        if get_value(current_var) is not None or not _admit(&self.st):
+        if get_value(_deadline_var) is not None or not _admit(&self.st):
             await _acquire_async(self)
         _b.push_start(self, self._start_or_release())
         return self

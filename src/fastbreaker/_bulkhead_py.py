@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Awaitable, Optional, TypeVar
+from typing import Any, Awaitable, Optional, TypeVar, final
 
 from . import _bulkhead as _b
 from ._bulkhead import BulkheadMetrics
@@ -245,6 +245,7 @@ class _Slots:
         raise NotImplementedError
 
 
+@final
 class Bulkhead(_Slots):
     """At most ``max_concurrent`` calls at once; others wait up to ``max_wait`` seconds, in
     order of arrival, at most ``max_waiting`` of them (default ``max_concurrent``), or fail with
@@ -294,6 +295,7 @@ class Bulkhead(_Slots):
         )
 
 
+@final
 class AdaptiveLimiter(_Slots):
     """A bulkhead whose limit adapts to the observed round trips (AIMD or gradient).
 

@@ -27,6 +27,7 @@ from ._breaker_c cimport (fb_breaker_t, fb_breaker_handle, fb_breaker_acquire_cl
 
 from . import _breaker_c
 from . import _map_steps as _steps
+from ._options import class_signature
 
 cdef extern from *:
     """
@@ -67,6 +68,9 @@ cdef class BreakerMap:
     documentation is the pure-Python twin's (``fastbreaker._map_py.BreakerMap``): the two
     behave identically.
     """
+
+    # help() and inspect.signature(): built from BreakerOptions's, where the options are written.
+    __signature__ = class_signature(_steps.map_signature())
 
     cdef readonly dict _d
     cdef public object _options, _group, _config, _detached, _hook, _lock

@@ -10,14 +10,34 @@ from __future__ import annotations
 import threading
 import types
 from typing import (
-    TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterator, Optional, TypeVar,
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterator,
+    Optional,
+    TypeVar,
+    final,
 )
 
 from . import _breaker_py
 from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
 from ._map_steps import (
-    CB, CLOSED, MapMetrics, _Hook, _init, _iter, _metrics, _new, _on_state_change, _open_keys,
-    _refuse_copy, _repr, _uninitialised, map_signature,
+    CB,
+    CLOSED,
+    MapMetrics,
+    _Hook,
+    _init,
+    _iter,
+    _metrics,
+    _new,
+    _on_state_change,
+    _open_keys,
+    _refuse_copy,
+    _repr,
+    _uninitialised,
+    map_signature,
 )
 from ._options import BreakerOptions, Duration
 
@@ -25,6 +45,7 @@ __all__ = ["BreakerMap", "MapMetrics"]
 
 T = TypeVar("T")
 
+@final
 class BreakerMap:
     """One circuit breaker per key (a host, or a ``(host, operation)`` tuple), bounded, no threads.
 

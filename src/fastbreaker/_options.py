@@ -70,6 +70,12 @@ def signature_of(
     return apply
 
 
+def class_signature(init_signature: inspect.Signature) -> inspect.Signature:
+    """A constructor's signature as ``inspect.signature(cls)`` shows it (without ``self``): the
+    compiled classes carry it as ``__signature__``, since Cython cannot embed a class's."""
+    return init_signature.replace(parameters=list(init_signature.parameters.values())[1:])
+
+
 def _exc_types(value: object, name: str) -> tuple[type[BaseException], ...]:
     if isinstance(value, type) and issubclass(value, BaseException):
         return (value,)

@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 from . import _calls
-
 from ._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SLOW, OUT_SUCCESS, BreakerOptions
 
 if TYPE_CHECKING:

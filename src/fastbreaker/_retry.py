@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import random as _random
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-import random as _random
-
-#: [0, 1); a module global, so that tests (and contrib.httpx, for the same draw) can pin it.
-uniform = _random.random
 from time import monotonic_ns as _monotonic_ns
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
@@ -42,6 +39,9 @@ from ._durations import Seconds, seconds_to_ns
 from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded
 
 __all__ = ["Attempt", "retry", "retrying"]
+
+#: [0, 1); a module global, so that tests (and contrib.httpx, for the same draw) can pin it.
+uniform = _random.random
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -715,7 +715,6 @@ class CircuitBreaker:
 
     def _on_error(self, permit: int, trial: bool, exc: BaseException) -> None:
         """Record a call that raised ``exc``; the caller re-raises it unless this raises."""
-        core = self._core
         if not isinstance(exc, Exception):
             self._core_finish(permit, OUT_NEUTRAL)
             return
