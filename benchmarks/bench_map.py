@@ -80,7 +80,9 @@ def breaker_dict(cls: Any, keys: list[str], **options: Any) -> dict[str, Any]:
 def pybreaker_dict(keys: list[str]) -> dict[str, Any]:
     import pybreaker
 
-    return {k: pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS, name=k) for k in keys}
+    return {
+        k: pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS, name=k) for k in keys
+    }
 
 
 def filled_map(cls: Any, keys: list[str], **options: Any) -> Any:
@@ -136,7 +138,9 @@ def bytes_per_key(build: Callable[[list[str]], Any], keys: list[str]) -> float:
     return (after - before) / len(keys)
 
 
-def churn(make: Callable[[], Any], n: int, bound: int | None, *, traced: bool = True) -> dict[str, Any]:
+def churn(
+    make: Callable[[], Any], n: int, bound: int | None, *, traced: bool = True
+) -> dict[str, Any]:
     """``n`` distinct keys, one ``allow()`` each: peak traced memory, largest size, us per key.
 
     The time is only meaningful untraced (tracemalloc slows every allocation down).
@@ -251,36 +255,49 @@ def main(argv: list[str] | None = None) -> int:
     churn_n = 100_000 if args.quick else 1_000_000
     keys = hosts()
     CMap, PyMap = compiled_map_class(), twin_map_class()
-    print(f"Python {sys.version.split()[0]}, {HOSTS:,} keys, fastbreaker {fastbreaker.__version__}, "
-          f"pybreaker {importlib.metadata.version('pybreaker')}; {os.cpu_count()} CPUs\n")
+    print(
+        f"Python {sys.version.split()[0]}, {HOSTS:,} keys, fastbreaker {fastbreaker.__version__}, "
+        f"pybreaker {importlib.metadata.version('pybreaker')}; {os.cpu_count()} CPUs\n"
+    )
 
     floor_d = floor_dict(keys)
     cmap, pymap = filled_map(CMap, keys), filled_map(PyMap, keys)
     c_d = breaker_dict(_breaker_c.CircuitBreaker, keys)
     py_d = breaker_dict(_breaker_py.CircuitBreaker, keys)
     pyb_d = pybreaker_dict(keys)
-    allow = time_rows({
-        "floor: d[key].allow(), Floor": lambda: loop_dict_allow(floor_d, keys),
-        "BreakerMap (compiled): m.allow(key)": lambda: loop_map_allow(cmap, keys),
-        "BreakerMap (twin): m.allow(key)": lambda: loop_map_allow(pymap, keys),
-        "dict of compiled breakers: d[key].allow()": lambda: loop_dict_allow(c_d, keys),
-        "dict of twin breakers: d[key].allow()": lambda: loop_dict_allow(py_d, keys),
-    }, HOSTS, repeats)
-    call = time_rows({
-        "floor: d[key].call(f), Floor": lambda: loop_dict_call(floor_d, keys),
-        "BreakerMap (compiled): m.call(key, f)": lambda: loop_map_call(cmap, keys),
-        "BreakerMap (twin): m.call(key, f)": lambda: loop_map_call(pymap, keys),
-        "dict of compiled breakers: d[key].call(f)": lambda: loop_dict_call(c_d, keys),
-        "dict of twin breakers: d[key].call(f)": lambda: loop_dict_call(py_d, keys),
-        "dict of pybreaker breakers: d[key].call(f)": lambda: loop_dict_call(pyb_d, keys),
-    }, HOSTS, max(3, repeats // 3))
+    allow = time_rows(
+        {
+            "floor: d[key].allow(), Floor": lambda: loop_dict_allow(floor_d, keys),
+            "BreakerMap (compiled): m.allow(key)": lambda: loop_map_allow(cmap, keys),
+            "BreakerMap (twin): m.allow(key)": lambda: loop_map_allow(pymap, keys),
+            "dict of compiled breakers: d[key].allow()": lambda: loop_dict_allow(c_d, keys),
+            "dict of twin breakers: d[key].allow()": lambda: loop_dict_allow(py_d, keys),
+        },
+        HOSTS,
+        repeats,
+    )
+    call = time_rows(
+        {
+            "floor: d[key].call(f), Floor": lambda: loop_dict_call(floor_d, keys),
+            "BreakerMap (compiled): m.call(key, f)": lambda: loop_map_call(cmap, keys),
+            "BreakerMap (twin): m.call(key, f)": lambda: loop_map_call(pymap, keys),
+            "dict of compiled breakers: d[key].call(f)": lambda: loop_dict_call(c_d, keys),
+            "dict of twin breakers: d[key].call(f)": lambda: loop_dict_call(py_d, keys),
+            "dict of pybreaker breakers: d[key].call(f)": lambda: loop_dict_call(pyb_d, keys),
+        },
+        HOSTS,
+        max(3, repeats // 3),
+    )
     floor_d = cmap = pymap = c_d = py_d = pyb_d = None  # free them before the churn test
     for title, table in (("allow() in CLOSED", allow), ("call(f) in CLOSED", call)):
         base = next(iter(table.values()))
         print(f"### Speed: {title}, round-robin over {HOSTS:,} keys\n")
-        print(_fmt_rows([("loop", "ns per key", "x floor")] + [
-            (name, f"{ns:.1f}", f"{ns / base:.2f}") for name, ns in table.items()
-        ]))
+        print(
+            _fmt_rows(
+                [("loop", "ns per key", "x floor")]
+                + [(name, f"{ns:.1f}", f"{ns / base:.2f}") for name, ns in table.items()]
+            )
+        )
         print()
     ratio = allow["BreakerMap (compiled): m.allow(key)"] / allow["floor: d[key].allow(), Floor"]
     print(f"target m.allow(key) <= 1.5x floor: {ratio:.2f}x {'PASS' if ratio <= 1.5 else 'FAIL'}\n")
@@ -292,36 +309,64 @@ def main(argv: list[str] | None = None) -> int:
     builders: list[tuple[str, Callable[[int], Callable[[list[str]], Any]] | None]] = [
         ("BreakerMap (compiled)", lambda w: lambda ks: filled_map(CMap, ks, window=w)),
         ("BreakerMap (twin)", lambda w: lambda ks: filled_map(PyMap, ks, window=w)),
-        ("dict of compiled breakers", lambda w: lambda ks: breaker_dict(_breaker_c.CircuitBreaker, ks, window=w)),
-        ("dict of twin breakers", lambda w: lambda ks: breaker_dict(_breaker_py.CircuitBreaker, ks, window=w)),
+        (
+            "dict of compiled breakers",
+            lambda w: lambda ks: breaker_dict(_breaker_c.CircuitBreaker, ks, window=w),
+        ),
+        (
+            "dict of twin breakers",
+            lambda w: lambda ks: breaker_dict(_breaker_py.CircuitBreaker, ks, window=w),
+        ),
     ]
     measured: dict[tuple[str, int], float] = {}
     for name, build in builders:
         for w in (0, 100):
             measured[name, w] = bytes_per_key(build(w), keys)  # type: ignore[misc]
         mem_rows.append((name, f"{measured[name, 0]:.0f}", f"{measured[name, 100]:.0f}"))
-    mem_rows.append(("dict of pybreaker breakers", f"{bytes_per_key(pyb, keys):.0f}", "n/a (no window)"))
+    mem_rows.append(
+        ("dict of pybreaker breakers", f"{bytes_per_key(pyb, keys):.0f}", "n/a (no window)")
+    )
     print(f"### Memory per key (tracemalloc, {HOSTS:,} keys, key objects excluded)\n")
     print(_fmt_rows(mem_rows))
     for w, target in MEMORY_TARGETS.items():
         got = measured["BreakerMap (compiled)", w]
-        print(f"target window={w}: {got:.0f} <= {target} bytes {'PASS' if got <= target else 'FAIL'}")
+        print(
+            f"target window={w}: {got:.0f} <= {target} bytes {'PASS' if got <= target else 'FAIL'}"
+        )
     print()
 
     bound = 10_000
     churn_rows = [("container", "peak traced MB", "largest len", "us per new key (untraced)")]
     for name, make, b in [
-        ("BreakerMap (compiled), max_keys=10,000", lambda: CMap(reset_timeout=OPEN_SECONDS, max_keys=bound), bound),
-        ("BreakerMap (twin), max_keys=10,000", lambda: PyMap(reset_timeout=OPEN_SECONDS, max_keys=bound), bound),
-        ("dict of twin breakers (no bound)",
-         lambda: GrowingDict(lambda k: _breaker_py.CircuitBreaker(reset_timeout=OPEN_SECONDS, name=k)), None),
-        ("dict of pybreaker breakers (no bound)",
-         lambda: GrowingDict(lambda k: _PybAllow(k)), None),
+        (
+            "BreakerMap (compiled), max_keys=10,000",
+            lambda: CMap(reset_timeout=OPEN_SECONDS, max_keys=bound),
+            bound,
+        ),
+        (
+            "BreakerMap (twin), max_keys=10,000",
+            lambda: PyMap(reset_timeout=OPEN_SECONDS, max_keys=bound),
+            bound,
+        ),
+        (
+            "dict of twin breakers (no bound)",
+            lambda: GrowingDict(
+                lambda k: _breaker_py.CircuitBreaker(reset_timeout=OPEN_SECONDS, name=k)
+            ),
+            None,
+        ),
+        (
+            "dict of pybreaker breakers (no bound)",
+            lambda: GrowingDict(lambda k: _PybAllow(k)),
+            None,
+        ),
     ]:
         mem = churn(make, churn_n, b)
         speed = churn(make, churn_n, b, traced=False)
         largest = max(mem["largest"], speed["largest"])
-        churn_rows.append((name, f"{mem['peak_mb']:.1f}", f"{largest:,}", f"{speed['us_per_key']:.1f}"))
+        churn_rows.append(
+            (name, f"{mem['peak_mb']:.1f}", f"{largest:,}", f"{speed['us_per_key']:.1f}")
+        )
         gc.collect()
     print(f"### {churn_n:,} distinct keys, one allow() each (the peak includes the keys held)\n")
     print(_fmt_rows(churn_rows))

@@ -271,8 +271,9 @@ def test_no_threads_created(fb, clock):
 
 
 def test_half_open_probe_limit_and_success_threshold(fb, clock):
-    b = make(fb, clock, failure_threshold=1, reset_timeout=5, half_open_max_calls=3,
-             success_threshold=2)
+    b = make(
+        fb, clock, failure_threshold=1, reset_timeout=5, half_open_max_calls=3, success_threshold=2
+    )
     fail_n(b, 1)
     clock.advance(5)
     assert [b.allow() for _ in range(5)] == [True, True, True, False, False]
@@ -440,8 +441,12 @@ def test_failure_on_single_type(fb, clock):
 
 
 def test_failure_on_predicate(fb, clock):
-    b = make(fb, clock, failure_threshold=1,
-             failure_on=lambda e: isinstance(e, OSError) and e.errno == 111)
+    b = make(
+        fb,
+        clock,
+        failure_threshold=1,
+        failure_on=lambda e: isinstance(e, OSError) and e.errno == 111,
+    )
     with pytest.raises(OSError):
         b.call(_raiser(OSError(2, "nope")))
     assert b.state == fb.State.CLOSED
@@ -604,8 +609,11 @@ def test_callbacks_once_per_transition_after_it(fb, clock):
     b.reset()
     S = fb.State
     assert [(o, n) for o, n, _, _ in seen] == [
-        (S.CLOSED, S.OPEN), (S.OPEN, S.HALF_OPEN), (S.HALF_OPEN, S.CLOSED),
-        (S.CLOSED, S.ISOLATED), (S.ISOLATED, S.CLOSED),
+        (S.CLOSED, S.OPEN),
+        (S.OPEN, S.HALF_OPEN),
+        (S.HALF_OPEN, S.CLOSED),
+        (S.CLOSED, S.ISOLATED),
+        (S.ISOLATED, S.CLOSED),
     ]
     assert all(state == new for _, new, state, _ in seen)  # runs after the transition
     assert {t for *_, t in seen} == {threading.get_ident()}

@@ -39,14 +39,33 @@ class SameBehaviour(RuleBasedStateMachine):
         probe_timeout=st.sampled_from([None, 2, 7]),
         events=st.booleans(),
     )
-    def build(self, window, failure_threshold, min_calls, failure_rate, slow, slow_rate,
-              reset_timeout, max_reset, probes, successes, probe_timeout, events):
+    def build(
+        self,
+        window,
+        failure_threshold,
+        min_calls,
+        failure_rate,
+        slow,
+        slow_rate,
+        reset_timeout,
+        max_reset,
+        probes,
+        successes,
+        probe_timeout,
+        events,
+    ):
         from fastbreaker import _breaker_c
 
         kw = dict(
-            failure_threshold=failure_threshold, reset_timeout=reset_timeout, window=window,
-            min_calls=min_calls, failure_rate=failure_rate, slow_call_duration=slow,
-            slow_call_rate=slow_rate, half_open_max_calls=probes, success_threshold=successes,
+            failure_threshold=failure_threshold,
+            reset_timeout=reset_timeout,
+            window=window,
+            min_calls=min_calls,
+            failure_rate=failure_rate,
+            slow_call_duration=slow,
+            slow_call_rate=slow_rate,
+            half_open_max_calls=probes,
+            success_threshold=successes,
             max_reset_timeout=max(max_reset, reset_timeout) if max_reset else None,
             probe_timeout=probe_timeout,
         )

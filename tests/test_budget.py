@@ -208,7 +208,9 @@ def test_bad_clocks(fb: types.SimpleNamespace) -> None:
         fb.RetryBudget(clock=5)
     with pytest.raises(TypeError):
         fb.RetryBudget(clock=lambda: 1.5)
-    with pytest.raises(ValueError, match=r"clock must return an int of nanoseconds in \[0, 2\*\*63 - 1\]"):
+    with pytest.raises(
+        ValueError, match=r"clock must return an int of nanoseconds in \[0, 2\*\*63 - 1\]"
+    ):
         fb.RetryBudget(clock=lambda: -1)
     now = [10]
     b = fb.RetryBudget(clock=lambda: now[0])

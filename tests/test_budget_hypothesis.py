@@ -21,13 +21,9 @@ UNIT = 1_000_000
 # The fb fixture is a constant namespace: sharing it across examples is fine.
 SHARED_FIXTURE = [HealthCheck.function_scoped_fixture]
 
-ratios = st.one_of(
-    st.sampled_from([0, 0.1, 0.5, 1, 2.5]), st.floats(0, 50, allow_nan=False)
-)
+ratios = st.one_of(st.sampled_from([0, 0.1, 0.5, 1, 2.5]), st.floats(0, 50, allow_nan=False))
 capacities = st.one_of(st.sampled_from([1, 2, 10, 100]), st.floats(1, 1e6, allow_nan=False))
-rates = st.one_of(
-    st.sampled_from([0, 0.001, 1, 3.7, 1e6]), st.floats(0, 1e6, allow_nan=False)
-)
+rates = st.one_of(st.sampled_from([0, 0.001, 1, 3.7, 1e6]), st.floats(0, 1e6, allow_nan=False))
 # Time steps in ns: sub-microsecond, ordinary, and long idle periods.
 steps = st.one_of(
     st.integers(0, 2_000),
@@ -78,8 +74,11 @@ def test_both_cores_agree_step_by_step(
 @given(ratio=ratios, capacity=capacities, rate=rates, script=ops)
 @settings(max_examples=200, deadline=None, suppress_health_check=SHARED_FIXTURE)
 def test_budget_matches_an_exact_model(
-    fb: types.SimpleNamespace, ratio: float, capacity: float, rate: float,
-    script: list[tuple[str, int]]
+    fb: types.SimpleNamespace,
+    ratio: float,
+    capacity: float,
+    rate: float,
+    script: list[tuple[str, int]],
 ) -> None:
     """An exact rational model of the bucket (credits are not floored, and nothing is split to
     fit in 64 bits; time is credited in whole microseconds, as specified). The fixed-point
@@ -159,8 +158,14 @@ def test_full_jitter_bounds(n: int, base: float, extra: float, u: float) -> None
 )
 @settings(max_examples=300, deadline=None, suppress_health_check=SHARED_FIXTURE)
 def test_retry_deadline_budget_interplay(
-    fb: types.SimpleNamespace, attempts: int, costs: list[int], deadline_ms: int | None,
-    tokens: int | None, base_ms: int, u: float, advance_on_sleep: bool
+    fb: types.SimpleNamespace,
+    attempts: int,
+    costs: list[int],
+    deadline_ms: int | None,
+    tokens: int | None,
+    base_ms: int,
+    u: float,
+    advance_on_sleep: bool,
 ) -> None:
     clock = FakeClock(10**12)
     budget = None if tokens is None else fb.RetryBudget(0, tokens, 0, clock=clock)
@@ -185,9 +190,15 @@ def test_retry_deadline_budget_interplay(
     mp.setattr(_retry, "uniform", lambda: u)
     try:
         with instant_retries():
-            g = fb.retry(on=ConnectionError, attempts=attempts, base=base_ms / 1000,
-                         cap=max(base_ms / 1000, 0.2), budget=budget, deadline=dl,
-                         on_retry=on_retry)(op)
+            g = fb.retry(
+                on=ConnectionError,
+                attempts=attempts,
+                base=base_ms / 1000,
+                cap=max(base_ms / 1000, 0.2),
+                budget=budget,
+                deadline=dl,
+                on_retry=on_retry,
+            )(op)
             with pytest.raises((ConnectionError, fb.DeadlineExceeded)) as info:
                 g()
     finally:

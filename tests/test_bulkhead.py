@@ -79,7 +79,13 @@ def test_try_acquire_and_release(fb: types.SimpleNamespace) -> None:
     bh.release()
     m = bh.metrics()
     assert m == fastbreaker.BulkheadMetrics(
-        admitted=2, rejected=1, timed_out=0, cancelled=0, waited=0, in_flight=0, waiting=0,
+        admitted=2,
+        rejected=1,
+        timed_out=0,
+        cancelled=0,
+        waited=0,
+        in_flight=0,
+        waiting=0,
         peak_in_flight=2,
     )
 
@@ -299,7 +305,9 @@ def test_wait_never_outlasts_the_deadline(fb: types.SimpleNamespace) -> None:
     assert (m.timed_out, m.in_flight, m.waiting) == (1, 0, 0)
 
 
-def test_slot_arriving_after_the_deadline_goes_to_the_next_waiter(fb: types.SimpleNamespace) -> None:
+def test_slot_arriving_after_the_deadline_goes_to_the_next_waiter(
+    fb: types.SimpleNamespace,
+) -> None:
     clock = FakeClock(10**12)
     bh = fb.Bulkhead(1, max_wait=60.0, max_waiting=5)
     assert bh.try_acquire()
@@ -345,7 +353,9 @@ async def test_cancelled_waiter_leaves_no_trace(fb: types.SimpleNamespace) -> No
     assert (m.in_flight, m.cancelled, m.admitted) == (0, 1, 1)
 
 
-async def test_hyx_scenario_cancel_after_the_slot_was_handed_over(fb: types.SimpleNamespace) -> None:
+async def test_hyx_scenario_cancel_after_the_slot_was_handed_over(
+    fb: types.SimpleNamespace,
+) -> None:
     """hyx leaks a slot when a waiter is cancelled after it was woken but before it ran: then
     the bulkhead reports "full" with nothing running. Here the slot goes on to the next waiter."""
     bh = fb.Bulkhead(1, max_wait=60.0, max_waiting=10)
@@ -652,7 +662,12 @@ async def test_limiter_async_paths(fb: types.SimpleNamespace) -> None:
 def test_limiter_waiters_are_admitted_when_the_limit_grows(fb: types.SimpleNamespace) -> None:
     clock = FakeClock(10**12)
     lim = fb.AdaptiveLimiter(
-        1.95, min_limit=1, max_limit=10, rtt_threshold=1.0, max_wait=60.0, max_waiting=3,
+        1.95,
+        min_limit=1,
+        max_limit=10,
+        rtt_threshold=1.0,
+        max_wait=60.0,
+        max_waiting=3,
         clock=clock,
     )
     assert lim.try_acquire()

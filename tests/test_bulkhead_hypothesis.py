@@ -36,8 +36,14 @@ class Side:
         o = self.obj
         limit = o.limit if hasattr(o, "limit") else None
         return (
-            o.in_flight, o.waiting, o.max_concurrent, limit, o.metrics(), self.held,
-            [w.state for w in self.waiters], list(self.woken),
+            o.in_flight,
+            o.waiting,
+            o.max_concurrent,
+            limit,
+            o.metrics(),
+            self.held,
+            [w.state for w in self.waiters],
+            list(self.woken),
         )
 
 
@@ -63,13 +69,18 @@ class Lockstep(RuleBasedStateMachine):
             args: dict[str, Any] = {"max_concurrent": cap}
         else:
             args = {
-                "initial_limit": float(cap) + 0.5, "min_limit": 1, "max_limit": 8,
-                "algorithm": kind, "rtt_threshold": 0.1, "backoff": 0.7,
+                "initial_limit": float(cap) + 0.5,
+                "min_limit": 1,
+                "max_limit": 8,
+                "algorithm": kind,
+                "rtt_threshold": 0.1,
+                "backoff": 0.7,
             }
         args.update(max_wait=60.0, max_waiting=max_waiting)
         self.kind = kind
-        self.sides = [Side(ns, "bulkhead" if kind == "bulkhead" else "limiter", args)
-                      for ns in IMPLS.values()]
+        self.sides = [
+            Side(ns, "bulkhead" if kind == "bulkhead" else "limiter", args) for ns in IMPLS.values()
+        ]
 
     def each(self, fn: Any) -> Any:
         results = [outcome(lambda s=s: fn(s)) for s in self.sides]

@@ -186,7 +186,9 @@ def test_long_wait_and_cancel_loops_do_not_grow_memory(fb: types.SimpleNamespace
 
     grew_cancel = _growth(cancel_loop, 3000)
     grew_timeout = _growth(timeout_loop, 3000)
-    print(f"\n[bulkhead memory {fb.impl}] cancel loop {grew_cancel} B, timeout loop {grew_timeout} B")
+    print(
+        f"\n[bulkhead memory {fb.impl}] cancel loop {grew_cancel} B, timeout loop {grew_timeout} B"
+    )
     assert grew_cancel < 64_000 and grew_timeout < 64_000
     assert (bh.in_flight, bh.waiting) == (1, 0)
     assert len(bh._queue.q) < 32  # type: ignore[attr-defined]

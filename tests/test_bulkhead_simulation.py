@@ -70,9 +70,13 @@ def run(fb: types.SimpleNamespace, algorithm: str) -> dict[str, Any]:
     fig = {
         "algorithm": algorithm,
         "C=50 entered band at sample": e1,
-        "C=50 range after": (round(min(first[e1:]), 2), round(max(first[e1:]), 2)) if e1 is not None else None,
+        "C=50 range after": (round(min(first[e1:]), 2), round(max(first[e1:]), 2))
+        if e1 is not None
+        else None,
         "C=25 entered band after": e2,
-        "C=25 range after": (round(min(second[e2:]), 2), round(max(second[e2:]), 2)) if e2 is not None else None,
+        "C=25 range after": (round(min(second[e2:]), 2), round(max(second[e2:]), 2))
+        if e2 is not None
+        else None,
         "final": round(limits[-1], 2),
         "in_flight": lim.in_flight,
     }

@@ -289,8 +289,13 @@ async def test_async_generator_closed_by_another_task_releases_its_permit(fb, cl
 
 
 def test_blocks_exiting_elsewhere_and_at_home_interleaved_balance(fb, clock):
-    b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=10, clock=clock,
-                          half_open_max_calls=3, success_threshold=10)
+    b = fb.CircuitBreaker(
+        failure_threshold=1,
+        reset_timeout=10,
+        clock=clock,
+        half_open_max_calls=3,
+        success_threshold=10,
+    )
     b.trip()
     clock.advance(10)
 
@@ -352,8 +357,9 @@ def test_every_entered_block_is_released_once_under_threads(fb, clock):
         t.start()
     for t in threads:
         t.join()
-    closers = [threading.Thread(target=lambda part=gens[i::3]: [g.close() for g in part])
-               for i in range(3)]
+    closers = [
+        threading.Thread(target=lambda part=gens[i::3]: [g.close() for g in part]) for i in range(3)
+    ]
     for t in closers:
         t.start()
     for t in closers:

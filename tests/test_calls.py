@@ -148,8 +148,7 @@ async def test_async_with_interleaved_tasks(fb, clock):
 
 def test_probe_limit_under_threads(fb):
     clock = FakeClock(10**12)
-    b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=1, half_open_max_calls=3,
-                          clock=clock)
+    b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=1, half_open_max_calls=3, clock=clock)
     b.trip()
     clock.advance(1)
     n = 8
@@ -173,8 +172,13 @@ def test_probe_limit_under_threads(fb):
 
 async def test_probe_limit_under_tasks(fb):
     clock = FakeClock(10**12)
-    b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=1, half_open_max_calls=2,
-                          success_threshold=2, clock=clock)
+    b = fb.CircuitBreaker(
+        failure_threshold=1,
+        reset_timeout=1,
+        half_open_max_calls=2,
+        success_threshold=2,
+        clock=clock,
+    )
     b.trip()
     clock.advance(1)
     gate = asyncio.Event()

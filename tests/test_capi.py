@@ -42,7 +42,9 @@ def C(client: Any) -> types.SimpleNamespace:
     return types.SimpleNamespace(**client.CONSTANTS)
 
 
-def info(probe: bool = False, changed: bool = False, old: int = 0, new: int = 0, gen: int = 0) -> tuple:
+def info(
+    probe: bool = False, changed: bool = False, old: int = 0, new: int = 0, gen: int = 0
+) -> tuple:
     return (probe, changed, old, new, gen)
 
 
@@ -58,8 +60,14 @@ def test_entry_points_are_noexcept_nogil_and_the_breaker_is_opaque() -> None:
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     decls = re.findall(r"^cdef [^\n]*?\b(fb_breaker_\w+)\(([^)]*)\)([^:\n]*)", code, flags=re.M)
     names = {name for name, _, _ in decls}
-    assert {"fb_breaker_acquire", "fb_breaker_release", "fb_breaker_state",
-            "fb_breaker_acquire_ex", "fb_breaker_release_ex", "fb_breaker_handle"} <= names
+    assert {
+        "fb_breaker_acquire",
+        "fb_breaker_release",
+        "fb_breaker_state",
+        "fb_breaker_acquire_ex",
+        "fb_breaker_release_ex",
+        "fb_breaker_handle",
+    } <= names
     for name, _, tail in decls:
         if name != "fb_breaker_handle":  # takes the Python object: called once, with the GIL
             assert "noexcept nogil" in tail, name
@@ -104,7 +112,10 @@ def test_trip_probe_and_close_follow_the_generation_rules(client: Any, C: Any) -
     late = client.acquire(breaker, T0)
     assert client.release_ex(breaker, p1, C.FB_FAILURE, T0) == (0, info())
     # the failure that crosses the threshold makes the trip, and says so
-    assert client.release_ex(breaker, p2, C.FB_FAILURE, T0) == (0, info(False, True, CLOSED, OPEN, 1))
+    assert client.release_ex(breaker, p2, C.FB_FAILURE, T0) == (
+        0,
+        info(False, True, CLOSED, OPEN, 1),
+    )
     assert breaker.state == fastbreaker.State.OPEN and client.state(breaker) == OPEN
     assert breaker.metrics().opened == 1
 
@@ -112,12 +123,16 @@ def test_trip_probe_and_close_follow_the_generation_rules(client: Any, C: Any) -
     # the open period is over: the first caller becomes the probe of generation 2
     probe, got = client.acquire_ex(breaker, T0 + SECOND)
     assert (probe, got) == (2, info(True, True, OPEN, HALF_OPEN, 2))
-    assert client.acquire_ex(breaker, T0 + SECOND) == (C.FB_REJECTED, info())  # half_open_max_calls=1
+    assert client.acquire_ex(breaker, T0 + SECOND) == (
+        C.FB_REJECTED,
+        info(),
+    )  # half_open_max_calls=1
     # an outcome from generation 0 is stale: counted, and changes nothing
     assert client.release_ex(breaker, late, C.FB_FAILURE, T0 + SECOND) == (0, info())
     assert breaker.metrics().stale == 1 and client.state(breaker) == HALF_OPEN
     assert client.release_ex(breaker, probe, C.FB_SUCCESS, T0 + SECOND) == (
-        0, info(False, True, HALF_OPEN, CLOSED, 3)
+        0,
+        info(False, True, HALF_OPEN, CLOSED, 3),
     )
     assert client.acquire_ex(breaker, T0 + SECOND) == (3, info())
     m = breaker.metrics()
@@ -130,14 +145,20 @@ def test_trip_probe_and_close_follow_the_generation_rules(client: Any, C: Any) -
 def test_probe_rules_match_the_python_api(client: Any, C: Any) -> None:
     clock = fastbreaker.testing.FakeClock(T0)
     breaker = fastbreaker.CircuitBreaker(
-        failure_threshold=1, reset_timeout=1.0, half_open_max_calls=2, success_threshold=2,
-        probe_timeout=5.0, clock=clock,
+        failure_threshold=1,
+        reset_timeout=1.0,
+        half_open_max_calls=2,
+        success_threshold=2,
+        probe_timeout=5.0,
+        clock=clock,
     )
     breaker.trip()  # at T0, through the Python API
     now = T0 + SECOND
     a, got_a = client.acquire_ex(breaker, now)
     b, got_b = client.acquire_ex(breaker, now)
-    assert got_a == info(True, True, OPEN, HALF_OPEN, 2) and got_b == info(True, False, HALF_OPEN, HALF_OPEN, 2)
+    assert got_a == info(True, True, OPEN, HALF_OPEN, 2) and got_b == info(
+        True, False, HALF_OPEN, HALF_OPEN, 2
+    )
     assert a == b == 2
     assert client.acquire(breaker, now) == C.FB_REJECTED
     # a neutral outcome gives the probe slot back without counting
@@ -146,7 +167,10 @@ def test_probe_rules_match_the_python_api(client: Any, C: Any) -> None:
     assert c == 2
     # a success below success_threshold frees its slot; the second success closes
     assert client.release_ex(breaker, b, C.FB_SUCCESS, now) == (0, info())
-    assert client.release_ex(breaker, c, C.FB_SUCCESS, now) == (0, info(False, True, HALF_OPEN, CLOSED, 3))
+    assert client.release_ex(breaker, c, C.FB_SUCCESS, now) == (
+        0,
+        info(False, True, HALF_OPEN, CLOSED, 3),
+    )
     m = breaker.metrics()
     assert (m.ignored, m.successes, m.state) == (1, 2, fastbreaker.State.CLOSED)
 
@@ -154,14 +178,22 @@ def test_probe_rules_match_the_python_api(client: Any, C: Any) -> None:
 @needs_cc
 def test_a_failed_probe_reopens_and_a_lost_probe_is_reclaimed(client: Any, C: Any) -> None:
     clock = fastbreaker.testing.FakeClock(T0)
-    breaker = fastbreaker.CircuitBreaker(failure_threshold=1, reset_timeout=1.0, probe_timeout=2.0, clock=clock)
+    breaker = fastbreaker.CircuitBreaker(
+        failure_threshold=1, reset_timeout=1.0, probe_timeout=2.0, clock=clock
+    )
     breaker.trip()
     probe = client.acquire(breaker, T0 + SECOND)
-    assert client.release_ex(breaker, probe, C.FB_FAILURE, T0 + SECOND) == (0, info(False, True, HALF_OPEN, OPEN, 3))
+    assert client.release_ex(breaker, probe, C.FB_FAILURE, T0 + SECOND) == (
+        0,
+        info(False, True, HALF_OPEN, OPEN, 3),
+    )
     lost = client.acquire(breaker, T0 + 2 * SECOND)  # never reported back
     assert lost == 4 and client.state(breaker) == HALF_OPEN
     # after probe_timeout the next caller reclaims it: every outstanding probe counts as failed
-    assert client.acquire_ex(breaker, T0 + 4 * SECOND) == (C.FB_REJECTED, info(False, True, HALF_OPEN, OPEN, 5))
+    assert client.acquire_ex(breaker, T0 + 4 * SECOND) == (
+        C.FB_REJECTED,
+        info(False, True, HALF_OPEN, OPEN, 5),
+    )
     assert breaker.metrics().opened == 3
     assert client.release(breaker, lost, C.FB_SUCCESS, T0 + 4 * SECOND) == 0
     assert breaker.metrics().stale == 1 and client.state(breaker) == OPEN
@@ -184,7 +216,9 @@ def test_a_python_clock_needs_the_callers_time(client: Any, C: Any) -> None:
 
 
 @needs_cc
-def test_acquire_closed_admits_only_in_closed_and_never_moves_the_state(client: Any, C: Any) -> None:
+def test_acquire_closed_admits_only_in_closed_and_never_moves_the_state(
+    client: Any, C: Any
+) -> None:
     clock = fastbreaker.testing.FakeClock(T0)
     breaker = fastbreaker.CircuitBreaker(failure_threshold=1, reset_timeout=1.0, clock=clock)
     assert client.acquire_closed(breaker) == 0
@@ -241,7 +275,9 @@ def test_budget_accrual_uses_the_given_time(client: Any) -> None:
 # -- the cost of the entry points (printed; figures come from benchmarks, not asserted) ------------
 @needs_cc
 def test_entry_point_cost_loop_runs(client: Any) -> None:
-    costs = client.bench(fastbreaker.CircuitBreaker(), fastbreaker.RetryBudget(capacity=1e9), 200_000)
+    costs = client.bench(
+        fastbreaker.CircuitBreaker(), fastbreaker.RetryBudget(capacity=1e9), 200_000
+    )
     print("\n[C API ns per call]", {k: round(v, 2) for k, v in costs.items() if k != "sink"})
     assert all(v > 0 for k, v in costs.items() if k != "sink")
 
@@ -259,14 +295,27 @@ def _compile_and_run(cmd: list[str], exe: pathlib.Path) -> None:
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
 @pytest.mark.parametrize("std", ["c99", "c11"])
 @pytest.mark.parametrize("racy", [False, True], ids=["atomic", "racy"])
-def test_atomics_header_compiles_strictly(cc: str, std: str, racy: bool, tmp_path: pathlib.Path) -> None:
+def test_atomics_header_compiles_strictly(
+    cc: str, std: str, racy: bool, tmp_path: pathlib.Path
+) -> None:
     if shutil.which(cc) is None:
         pytest.skip(f"{cc} is not installed")
     if os.name == "nt":
         pytest.skip("Windows: the platform-compiler test below covers MSVC")
     exe = tmp_path / "atomics_check"
-    cmd = [cc, f"-std={std}", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2",
-           f"-I{capi_ext.package_dir()}", str(CHECK_C), "-o", str(exe)]
+    cmd = [
+        cc,
+        f"-std={std}",
+        "-pedantic",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-O2",
+        f"-I{capi_ext.package_dir()}",
+        str(CHECK_C),
+        "-o",
+        str(exe),
+    ]
     if racy:
         cmd.insert(1, "-DFB_RACY_FOR_TESTS=1")
     try:
@@ -287,7 +336,9 @@ def test_atomics_header_with_the_platform_compiler(tmp_path: pathlib.Path) -> No
 
     compiler = new_compiler()
     customize_compiler(compiler)
-    objs = compiler.compile([str(CHECK_C)], output_dir=str(tmp_path), include_dirs=[str(capi_ext.package_dir())])
+    objs = compiler.compile(
+        [str(CHECK_C)], output_dir=str(tmp_path), include_dirs=[str(capi_ext.package_dir())]
+    )
     compiler.link_executable(objs, "atomics_check", output_dir=str(tmp_path))
     exe = tmp_path / ("atomics_check.exe" if os.name == "nt" else "atomics_check")
     out = subprocess.run([str(exe)], capture_output=True, text=True)

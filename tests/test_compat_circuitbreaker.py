@@ -119,8 +119,17 @@ def outcome(fn: Any) -> tuple[Any, ...]:
 
 
 def observe(b: Any) -> tuple[Any, ...]:
-    return (b.state, b.closed, b.opened, b.failure_count, b.open_remaining, b.open_until,
-            repr(b.last_failure), str(b), b.name)
+    return (
+        b.state,
+        b.closed,
+        b.opened,
+        b.failure_count,
+        b.open_remaining,
+        b.open_until,
+        repr(b.last_failure),
+        str(b),
+        b.name,
+    )
 
 
 EXPECTED = {
@@ -130,8 +139,9 @@ EXPECTED = {
 }
 
 
-def trace(mod: Any, ft: FakeTime, ops: list[tuple[Any, ...]], expected: str = "type",
-          **kw: Any) -> list[tuple[Any, ...]]:
+def trace(
+    mod: Any, ft: FakeTime, ops: list[tuple[Any, ...]], expected: str = "type", **kw: Any
+) -> list[tuple[Any, ...]]:
     ft.t = 1000.0
     b = mod.CircuitBreaker(expected_exception=EXPECTED[expected], **kw)
 
@@ -174,8 +184,10 @@ def trace(mod: Any, ft: FakeTime, ops: list[tuple[Any, ...]], expected: str = "t
 
 
 OPS = st.one_of(
-    st.tuples(st.sampled_from(["call", "call", "call", "gen", "async", "agen"]),
-              st.sampled_from(["ok", "fail", "fail", "other"])),
+    st.tuples(
+        st.sampled_from(["call", "call", "call", "gen", "async", "agen"]),
+        st.sampled_from(["ok", "fail", "fail", "other"]),
+    ),
     st.tuples(st.just("advance"), st.sampled_from([0.3, 1, 5, 9.5, 10, 31])),
     st.tuples(st.just("reset"), st.none()),
 )
@@ -186,20 +198,39 @@ OPS = st.one_of(
 
 def test_scenario_matches_circuitbreaker(peer: Any, ft: FakeTime) -> None:
     ops: list[tuple[Any, ...]] = [
-        ("call", "ok"), ("call", "fail"), ("call", "other"), ("call", "fail"), ("call", "fail"),
-        ("call", "ok"), ("advance", 0.3), ("gen", "ok"), ("advance", 9.5), ("async", "ok"),
-        ("advance", 0.3), ("call", "fail"), ("advance", 10), ("agen", "ok"), ("call", "fail"),
-        ("gen", "fail"), ("reset", None), ("async", "fail"), ("agen", "fail"),
+        ("call", "ok"),
+        ("call", "fail"),
+        ("call", "other"),
+        ("call", "fail"),
+        ("call", "fail"),
+        ("call", "ok"),
+        ("advance", 0.3),
+        ("gen", "ok"),
+        ("advance", 9.5),
+        ("async", "ok"),
+        ("advance", 0.3),
+        ("call", "fail"),
+        ("advance", 10),
+        ("agen", "ok"),
+        ("call", "fail"),
+        ("gen", "fail"),
+        ("reset", None),
+        ("async", "fail"),
+        ("agen", "fail"),
     ]
     kw = dict(failure_threshold=2, recovery_timeout=10)
     ours = trace(circuitbreaker, ft, ops, **kw)
     assert ours == trace(peer, ft, ops, **kw)
     rejected = [step[1] for step in ours if step[1] and step[1][1] == "CircuitBreakerError"]
-    assert rejected and rejected[0][2].startswith('Circuit "trace.<locals>.f" OPEN until 2030-01-01')
+    assert rejected and rejected[0][2].startswith(
+        'Circuit "trace.<locals>.f" OPEN until 2030-01-01'
+    )
     assert {step[2][0] for step in ours} == {"closed", "open", "half_open"}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     ops=st.lists(OPS, max_size=30),
     threshold=st.integers(1, 4),
@@ -207,7 +238,12 @@ def test_scenario_matches_circuitbreaker(peer: Any, ft: FakeTime) -> None:
     expected=st.sampled_from(sorted(EXPECTED)),
 )
 def test_random_operations_match_circuitbreaker(
-    peer: Any, ft: FakeTime, ops: list[tuple[Any, ...]], threshold: int, recovery: int, expected: str
+    peer: Any,
+    ft: FakeTime,
+    ops: list[tuple[Any, ...]],
+    threshold: int,
+    recovery: int,
+    expected: str,
 ) -> None:
     kw = dict(failure_threshold=threshold, recovery_timeout=recovery)
     assert trace(circuitbreaker, ft, ops, expected, **kw) == trace(peer, ft, ops, expected, **kw)
@@ -244,8 +280,12 @@ def test_fallbacks_match_circuitbreaker(peer: Any, ft: FakeTime) -> None:
 
     ours = results(circuitbreaker)
     assert ours == results(peer)
-    assert ours[1::2] == [("returned", "fallback 8"), ("returned", ["fallback 8"]),
-                          ("returned", "fallback 8"), ("returned", ["fallback 8"])]
+    assert ours[1::2] == [
+        ("returned", "fallback 8"),
+        ("returned", ["fallback 8"]),
+        ("returned", "fallback 8"),
+        ("returned", ["fallback 8"]),
+    ]
 
 
 def _gen_broken(x: int) -> Any:
@@ -273,7 +313,9 @@ def test_expected_exception_errors_match_circuitbreaker(peer: Any) -> None:
 
 
 @pytest.mark.parametrize("elapsed", [0, 0.2, 9.8, 10, 10.2, 31])
-def test_open_remaining_rounding_matches_circuitbreaker(peer: Any, ft: FakeTime, elapsed: float) -> None:
+def test_open_remaining_rounding_matches_circuitbreaker(
+    peer: Any, ft: FakeTime, elapsed: float
+) -> None:
     def remaining(mod: Any) -> tuple[Any, ...]:
         ft.t = 1000.0
         b = mod.CircuitBreaker(failure_threshold=1, recovery_timeout=10)
@@ -289,12 +331,22 @@ def test_str_and_names_match_circuitbreaker(peer: Any) -> None:
     for mod in (circuitbreaker, peer):
         assert str(mod.CircuitBreaker()) == "unnamed_CircuitBreaker"
         assert str(mod.CircuitBreaker(name="db")) == "db"
-    assert (circuitbreaker.STATE_CLOSED, circuitbreaker.STATE_OPEN, circuitbreaker.STATE_HALF_OPEN) == (
-        peer.STATE_CLOSED, peer.STATE_OPEN, peer.STATE_HALF_OPEN)
-    assert (CircuitBreaker.FAILURE_THRESHOLD, CircuitBreaker.RECOVERY_TIMEOUT,
-            CircuitBreaker.EXPECTED_EXCEPTION, CircuitBreaker.FALLBACK_FUNCTION) == (
-        peer.CircuitBreaker.FAILURE_THRESHOLD, peer.CircuitBreaker.RECOVERY_TIMEOUT,
-        peer.CircuitBreaker.EXPECTED_EXCEPTION, peer.CircuitBreaker.FALLBACK_FUNCTION)
+    assert (
+        circuitbreaker.STATE_CLOSED,
+        circuitbreaker.STATE_OPEN,
+        circuitbreaker.STATE_HALF_OPEN,
+    ) == (peer.STATE_CLOSED, peer.STATE_OPEN, peer.STATE_HALF_OPEN)
+    assert (
+        CircuitBreaker.FAILURE_THRESHOLD,
+        CircuitBreaker.RECOVERY_TIMEOUT,
+        CircuitBreaker.EXPECTED_EXCEPTION,
+        CircuitBreaker.FALLBACK_FUNCTION,
+    ) == (
+        peer.CircuitBreaker.FAILURE_THRESHOLD,
+        peer.CircuitBreaker.RECOVERY_TIMEOUT,
+        peer.CircuitBreaker.EXPECTED_EXCEPTION,
+        peer.CircuitBreaker.FALLBACK_FUNCTION,
+    )
 
 
 # -- the documented API ----------------------------------------------------------------------------
@@ -305,7 +357,9 @@ def test_bare_decorator_names_registers_and_uses_defaults() -> None:
     def external_call() -> str:
         return "ok"
 
-    b = CircuitBreakerMonitor.get("test_bare_decorator_names_registers_and_uses_defaults.<locals>.external_call")
+    b = CircuitBreakerMonitor.get(
+        "test_bare_decorator_names_registers_and_uses_defaults.<locals>.external_call"
+    )
     assert b is not None and external_call() == "ok"
     assert (b._failure_threshold, b._recovery_timeout, b.closed) == (5, 30, True)
     assert list(CircuitBreakerMonitor.get_circuits()) == [b]
@@ -382,7 +436,8 @@ def test_failures_open_then_one_trial_closes(ft: FakeTime) -> None:
         fn("ok")
     assert str(err.value) == (
         'Circuit "trial" OPEN until 2030-01-01 00:16:50+00:00 (2 failures, 10 sec remaining) '
-        "(last_failure: ConnectionError('down'))")
+        "(last_failure: ConnectionError('down'))"
+    )
     assert list(CircuitBreakerMonitor.get_open()) == [b] and not CircuitBreakerMonitor.all_closed()
     ft.advance(10)
     assert b.state == "half_open" and not b.opened and not b.closed

@@ -163,8 +163,18 @@ def trace(mod: Any, ft: FakeTime, ops: list[tuple[Any, ...]], **kw: Any) -> list
     steps = []
     for op in ops:
         result = apply(b, ft, op)
-        steps.append((op, result, b.current_state, b.state.name, b.fail_counter,
-                      b.success_counter, b._state_storage.opened_at, list(rec.events)))
+        steps.append(
+            (
+                op,
+                result,
+                b.current_state,
+                b.state.name,
+                b.fail_counter,
+                b.success_counter,
+                b._state_storage.opened_at,
+                list(rec.events),
+            )
+        )
         rec.events.clear()
     return steps
 
@@ -185,29 +195,69 @@ OPS = st.one_of(
 
 def test_scenario_matches_pybreaker(peer: Any, ft: FakeTime) -> None:
     ops: list[tuple[Any, ...]] = [
-        ("call", "ok"), ("call", "fail"), ("call", "business"), ("call", "fail"),
-        ("call", "declined"), ("call", "fail"), ("call", "fail"), ("call", "fail"),
-        ("call", "ok"), ("advance", 9.5), ("call", "ok"), ("advance", 0.5), ("call", "fail"),
-        ("advance", 10), ("call", "ok"), ("call", "ok"), ("open", None), ("half_open", None),
-        ("calling", "ok"), ("close", None), ("close", None), ("gen", "ok"), ("gen", "fail"),
+        ("call", "ok"),
+        ("call", "fail"),
+        ("call", "business"),
+        ("call", "fail"),
+        ("call", "declined"),
+        ("call", "fail"),
+        ("call", "fail"),
+        ("call", "fail"),
+        ("call", "ok"),
+        ("advance", 9.5),
+        ("call", "ok"),
+        ("advance", 0.5),
+        ("call", "fail"),
+        ("advance", 10),
+        ("call", "ok"),
+        ("call", "ok"),
+        ("open", None),
+        ("half_open", None),
+        ("calling", "ok"),
+        ("close", None),
+        ("close", None),
+        ("gen", "ok"),
+        ("gen", "fail"),
     ]
     theirs = trace(peer, ft, ops, fail_max=3, reset_timeout=10)
     ours = trace(pybreaker, ft, ops, fail_max=3, reset_timeout=10)
     assert ours == theirs
     # the scenario exercises what it is meant to
     results = [step[1] for step in ours]
-    assert ("raised", "CircuitBreakerError", "Failures threshold reached, circuit breaker opened",
-            "ConnectionError") in results
-    assert ("raised", "CircuitBreakerError", "Trial call failed, circuit breaker opened",
-            "ConnectionError") in results
-    assert ("raised", "CircuitBreakerError", "Timeout not elapsed yet, circuit breaker still open",
-            None) in results
+    assert (
+        "raised",
+        "CircuitBreakerError",
+        "Failures threshold reached, circuit breaker opened",
+        "ConnectionError",
+    ) in results
+    assert (
+        "raised",
+        "CircuitBreakerError",
+        "Trial call failed, circuit breaker opened",
+        "ConnectionError",
+    ) in results
+    assert (
+        "raised",
+        "CircuitBreakerError",
+        "Timeout not elapsed yet, circuit breaker still open",
+        None,
+    ) in results
 
 
-def test_success_threshold_and_original_error_on_trip_match_pybreaker(peer: Any, ft: FakeTime) -> None:
+def test_success_threshold_and_original_error_on_trip_match_pybreaker(
+    peer: Any, ft: FakeTime
+) -> None:
     ops: list[tuple[Any, ...]] = [
-        ("call", "fail"), ("call", "fail"), ("advance", 5), ("call", "ok"), ("call", "ok"),
-        ("call", "fail"), ("advance", 5), ("call", "ok"), ("call", "business"), ("call", "ok"),
+        ("call", "fail"),
+        ("call", "fail"),
+        ("advance", 5),
+        ("call", "ok"),
+        ("call", "ok"),
+        ("call", "fail"),
+        ("advance", 5),
+        ("call", "ok"),
+        ("call", "business"),
+        ("call", "ok"),
         ("call", "ok"),
     ]
     kw = dict(fail_max=2, reset_timeout=5, success_threshold=3, throw_new_error_on_trip=False)
@@ -219,16 +269,28 @@ def test_success_threshold_and_original_error_on_trip_match_pybreaker(peer: Any,
 
 def test_options_changed_on_the_fly_match_pybreaker(peer: Any, ft: FakeTime) -> None:
     ops: list[tuple[Any, ...]] = [
-        ("call", "fail"), ("call", "fail"), ("call", "fail"), ("fail_max", 2), ("call", "fail"),
-        ("reset_timeout", 1), ("advance", 1), ("success_threshold", 2), ("call", "ok"),
-        ("success_threshold", 1), ("call", "ok"), ("fail_max", 0), ("call", "fail"),
+        ("call", "fail"),
+        ("call", "fail"),
+        ("call", "fail"),
+        ("fail_max", 2),
+        ("call", "fail"),
+        ("reset_timeout", 1),
+        ("advance", 1),
+        ("success_threshold", 2),
+        ("call", "ok"),
+        ("success_threshold", 1),
+        ("call", "ok"),
+        ("fail_max", 0),
+        ("call", "fail"),
     ]
     ours = trace(pybreaker, ft, ops, fail_max=5, reset_timeout=10)
     assert ours == trace(peer, ft, ops, fail_max=5, reset_timeout=10)
     assert ours[4][2:5] == ("open", "open", 4)  # fail_max went below the count: pybreaker shows 4
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     ops=st.lists(OPS, max_size=30),
     fail_max=st.integers(1, 4),
@@ -237,11 +299,20 @@ def test_options_changed_on_the_fly_match_pybreaker(peer: Any, ft: FakeTime) -> 
     throw=st.booleans(),
 )
 def test_random_operations_match_pybreaker(
-    peer: Any, ft: FakeTime, ops: list[tuple[Any, ...]], fail_max: int, reset_timeout: int,
-    success_threshold: int, throw: bool,
+    peer: Any,
+    ft: FakeTime,
+    ops: list[tuple[Any, ...]],
+    fail_max: int,
+    reset_timeout: int,
+    success_threshold: int,
+    throw: bool,
 ) -> None:
-    kw = dict(fail_max=fail_max, reset_timeout=reset_timeout, success_threshold=success_threshold,
-              throw_new_error_on_trip=throw)
+    kw = dict(
+        fail_max=fail_max,
+        reset_timeout=reset_timeout,
+        success_threshold=success_threshold,
+        throw_new_error_on_trip=throw,
+    )
     assert trace(pybreaker, ft, ops, **kw) == trace(peer, ft, ops, **kw)
 
 
@@ -250,7 +321,10 @@ def test_public_names_match_pybreaker(peer: Any) -> None:
     for name in peer.__all__:
         assert hasattr(pybreaker, name)
     assert (pybreaker.STATE_OPEN, pybreaker.STATE_CLOSED, pybreaker.STATE_HALF_OPEN) == (
-        peer.STATE_OPEN, peer.STATE_CLOSED, peer.STATE_HALF_OPEN)
+        peer.STATE_OPEN,
+        peer.STATE_CLOSED,
+        peer.STATE_HALF_OPEN,
+    )
     for method in ("before_call", "success", "failure", "state_change"):
         assert callable(getattr(pybreaker.CircuitBreakerListener, method))
 
@@ -261,7 +335,12 @@ def test_public_names_match_pybreaker(peer: Any) -> None:
 def test_defaults_and_read_write_options() -> None:
     b = pybreaker.CircuitBreaker()
     assert (b.fail_max, b.reset_timeout, b.success_threshold, b.name) == (5, 60, 1, None)
-    assert (b.current_state, b.state.name, b.fail_counter, b.success_counter) == ("closed", "closed", 0, 0)
+    assert (b.current_state, b.state.name, b.fail_counter, b.success_counter) == (
+        "closed",
+        "closed",
+        0,
+        0,
+    )
     assert isinstance(b.state, pybreaker.CircuitClosedState)
     b.fail_max, b.reset_timeout, b.success_threshold, b.name = 1, 2.5, 2, "db"
     assert (b.fail_max, b.reset_timeout, b.success_threshold, b.name) == (1, 2.5, 2, "db")
@@ -365,8 +444,11 @@ def test_listeners_add_remove_and_events() -> None:
     with pytest.raises(pybreaker.CircuitBreakerError):
         b.call(work, "fail")
     assert rec.events == [
-        ("before_call", "ok"), ("success",),
-        ("before_call", "fail"), ("failure", "ConnectionError"), ("state_change", "closed", "open"),
+        ("before_call", "ok"),
+        ("success",),
+        ("before_call", "fail"),
+        ("failure", "ConnectionError"),
+        ("state_change", "closed", "open"),
     ]
     assert other.events == []
 
@@ -412,8 +494,12 @@ def test_manual_transitions_notify_even_to_the_same_state() -> None:
     b.close()
     b.close()
     assert [e[1:] for e in rec.events] == [
-        ("closed", "open"), ("open", "open"), ("open", "half-open"), ("half-open", "half-open"),
-        ("half-open", "closed"), ("closed", "closed"),
+        ("closed", "open"),
+        ("open", "open"),
+        ("open", "half-open"),
+        ("half-open", "half-open"),
+        ("half-open", "closed"),
+        ("closed", "closed"),
     ]
 
 
@@ -519,7 +605,11 @@ def test_default_storage_mirrors_the_breaker() -> None:
     with pytest.raises(ConnectionError):
         b.call(work, "fail")
     assert (storage.state, storage.counter, storage.success_counter, storage.opened_at) == (
-        "closed", 1, 0, None)
+        "closed",
+        1,
+        0,
+        None,
+    )
     b.open()
     assert storage.state == "open" and storage.opened_at is not None
     with pytest.raises(RuntimeError, match="open\\(\\), half_open\\(\\) and close\\(\\)"):
@@ -531,7 +621,8 @@ def test_default_storage_mirrors_the_breaker() -> None:
 def test_storage_sets_the_initial_state(ft: FakeTime) -> None:
     rec = Recorder()
     b = pybreaker.CircuitBreaker(
-        state_storage=pybreaker.CircuitMemoryStorage(pybreaker.STATE_OPEN), listeners=[rec])
+        state_storage=pybreaker.CircuitMemoryStorage(pybreaker.STATE_OPEN), listeners=[rec]
+    )
     assert b.current_state == "open"
     assert rec.events == []  # no notification for the initial state
     assert b.call(work, "ok") == "ok:ok"  # no opened_at: the next call is a trial
@@ -554,7 +645,9 @@ def test_storage_sets_the_initial_state(ft: FakeTime) -> None:
 
 
 def test_storage_errors_are_clear(peer: Any) -> None:
-    with pytest.raises(ValueError, match="Unknown state 'bogus', valid states: closed, open, half-open"):
+    with pytest.raises(
+        ValueError, match="Unknown state 'bogus', valid states: closed, open, half-open"
+    ):
         pybreaker.CircuitBreaker(state_storage=pybreaker.CircuitMemoryStorage("bogus"))
     with pytest.raises(NotImplementedError, match="keep using pybreaker"):
         pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, object())
@@ -604,8 +697,18 @@ def test_one_trial_at_a_time_and_others_refused() -> None:
     release.set()
     t.join(WAIT)
     assert result == ["ok"] and b.current_state == "closed"
-    assert refused == [("raised", "CircuitBreakerError",
-                        "Trial call in progress, circuit breaker half-open", None)] * 5
+    assert (
+        refused
+        == [
+            (
+                "raised",
+                "CircuitBreakerError",
+                "Trial call in progress, circuit breaker half-open",
+                None,
+            )
+        ]
+        * 5
+    )
     changes = [e[1:] for e in rec.events if e[0] == "state_change"]
     assert changes == [("closed", "open"), ("open", "half-open"), ("half-open", "closed")]
 

@@ -252,10 +252,14 @@ def test_recovery_after_the_open_period(fb, clock, hosts):
         assert client.get(hosts.failing.url).status_code == 200
     up, down = key(hosts.failing.url), key(hosts.refused)
     assert [c for c in changes if c[0] == up] == [
-        (up, "CLOSED", "OPEN"), (up, "OPEN", "HALF_OPEN"), (up, "HALF_OPEN", "CLOSED"),
+        (up, "CLOSED", "OPEN"),
+        (up, "OPEN", "HALF_OPEN"),
+        (up, "HALF_OPEN", "CLOSED"),
     ]
     assert [c for c in changes if c[0] == down] == [
-        (down, "CLOSED", "OPEN"), (down, "OPEN", "HALF_OPEN"), (down, "HALF_OPEN", "OPEN"),
+        (down, "CLOSED", "OPEN"),
+        (down, "OPEN", "HALF_OPEN"),
+        (down, "HALF_OPEN", "OPEN"),
     ]
 
 

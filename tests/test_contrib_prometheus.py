@@ -124,9 +124,14 @@ def test_breaker_state_and_counters(fb, clock, registry, scrape):
     assert states(s, name="search") == {"closed": 1, "open": 0, "half_open": 0, "isolated": 0}
     m = b.metrics()
     for field, part in (
-        ("permitted", "permitted"), ("rejected", "rejected"), ("successes", "successes"),
-        ("failures", "failures"), ("slow_calls", "slow_calls"), ("ignored", "ignored"),
-        ("stale", "stale"), ("opened", "trips"),
+        ("permitted", "permitted"),
+        ("rejected", "rejected"),
+        ("successes", "successes"),
+        ("failures", "failures"),
+        ("slow_calls", "slow_calls"),
+        ("ignored", "ignored"),
+        ("stale", "stale"),
+        ("opened", "trips"),
     ):
         assert s(f"fastbreaker_breaker_{part}_total", name="payments") == getattr(m, field)
     assert (m.permitted, m.rejected, m.successes, m.failures, m.opened) == (5, 1, 3, 2, 1)
@@ -194,8 +199,12 @@ def test_map_aggregates_and_bounded_key_series(fb, clock, registry, scrape):
     assert s("fastbreaker_map_open_keys", map="http", state="isolated") == 1
     mm = m.metrics()
     for field, part in (
-        ("permitted", "permitted"), ("rejected", "rejected"), ("successes", "successes"),
-        ("failures", "failures"), ("stale", "stale"), ("opened", "trips"),
+        ("permitted", "permitted"),
+        ("rejected", "rejected"),
+        ("successes", "successes"),
+        ("failures", "failures"),
+        ("stale", "stale"),
+        ("opened", "trips"),
     ):
         assert s(f"fastbreaker_map_{part}_total", map="http") == getattr(mm, field)
     assert (mm.successes, mm.failures, mm.opened) == (1000, 5, 5)
@@ -203,7 +212,9 @@ def test_map_aggregates_and_bounded_key_series(fb, clock, registry, scrape):
     # 1000 keys, 6 not CLOSED, max_key_series=3: exactly 3 key series, the first by str(key).
     keyed = s.series("fastbreaker_map_key_state")
     assert {(dict(k)["key"], dict(k)["state"]) for k in keyed} == {
-        ("host-0003", "open"), ("host-0005", "open"), ("host-0007", "open"),
+        ("host-0003", "open"),
+        ("host-0005", "open"),
+        ("host-0007", "open"),
     }
     assert s("fastbreaker_map_key_series_omitted", map="http") == 3
     assert not any("host-0001" in line for line in s.text.splitlines())  # CLOSED: no series
@@ -317,8 +328,12 @@ def test_describe_lets_the_registry_refuse_a_second_collector(fb):
     first = BreakerCollector()
     registry.register(first)
     names = {f.name for f in first.describe()}
-    assert {"fastbreaker_breaker_state", "fastbreaker_map_key_state",
-            "fastbreaker_retry_budget_tokens", "fastbreaker_breaker_trips"} <= names
+    assert {
+        "fastbreaker_breaker_state",
+        "fastbreaker_map_key_state",
+        "fastbreaker_retry_budget_tokens",
+        "fastbreaker_breaker_trips",
+    } <= names
     assert all(n.startswith("fastbreaker_") for n in names)
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         registry.register(BreakerCollector())

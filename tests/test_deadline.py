@@ -150,6 +150,7 @@ def test_bad_arguments(fb: types.SimpleNamespace) -> None:
 @pytest.mark.thread_unsafe  # pytest-run-parallel cannot run coroutine tests
 async def test_current_deadline_propagates_into_tasks(fb: types.SimpleNamespace) -> None:
     clock = fake_clock()
+
     async def read() -> object:
         await asyncio.sleep(0)
         return fb.current_deadline()
@@ -163,6 +164,7 @@ async def test_current_deadline_propagates_into_tasks(fb: types.SimpleNamespace)
 @pytest.mark.thread_unsafe
 async def test_tasks_keep_their_own_deadlines(fb: types.SimpleNamespace) -> None:
     clock = fake_clock()
+
     async def worker(seconds: float) -> float:
         with fb.deadline(seconds, clock=clock):
             await asyncio.sleep(0)

@@ -31,7 +31,11 @@ needs_c = pytest.mark.skipif(not COMPILED_AVAILABLE, reason="the compiled core i
 
 
 def classes(fb: types.SimpleNamespace) -> dict[str, type]:
-    return {"CircuitBreaker": fb.CircuitBreaker, "BreakerMap": fb.BreakerMap, "RetryBudget": fb.RetryBudget}
+    return {
+        "CircuitBreaker": fb.CircuitBreaker,
+        "BreakerMap": fb.BreakerMap,
+        "RetryBudget": fb.RetryBudget,
+    }
 
 
 def build(fb: types.SimpleNamespace, name: str, clock: Any) -> Any:
@@ -141,7 +145,9 @@ def test_uninitialised_objects_raise_clear_errors_in_a_subprocess(fb: Any, cls_n
     subprocess (and fails this test) instead of the test run; each call raises a clear error."""
     proc = subprocess.run(
         [sys.executable, "-c", UNINIT_SCRIPT, fb.impl, cls_name],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     assert proc.returncode == 0, f"the subprocess died ({proc.returncode}): {proc.stderr[-3000:]}"
@@ -151,7 +157,8 @@ def test_uninitialised_objects_raise_clear_errors_in_a_subprocess(fb: Any, cls_n
     # Whatever an uninitialised object is asked, it says that it was never initialised (repr and
     # the refused copy excepted; the private hooks refuse None with a TypeError).
     unclear = {
-        k: v for k, v in results.items()
+        k: v
+        for k, v in results.items()
         if k not in ("repr", "copy", "_from_config(None)", "_set_config")
         and not ("not initialised" in v or "never initialised" in v or "not been initialised" in v)
     }
@@ -165,7 +172,9 @@ def test_uninitialised_objects_raise_clear_errors_in_a_subprocess(fb: Any, cls_n
 
 # -- the protocols of an object: __init__ twice, copies, weak references, subclasses ----------------
 @pytest.mark.parametrize("cls_name", ["CircuitBreaker", "BreakerMap", "RetryBudget"])
-def test_second_init_is_refused_and_changes_nothing(fb: Any, cls_name: str, clock: FakeClock) -> None:
+def test_second_init_is_refused_and_changes_nothing(
+    fb: Any, cls_name: str, clock: FakeClock
+) -> None:
     obj = build(fb, cls_name, clock)
     before = repr(obj)
     with pytest.raises(RuntimeError, match="__init__ called twice"):
@@ -175,7 +184,9 @@ def test_second_init_is_refused_and_changes_nothing(fb: Any, cls_name: str, cloc
 
 @pytest.mark.parametrize("cls_name", ["CircuitBreaker", "BreakerMap", "RetryBudget"])
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
-def test_copies_are_refused_on_both_cores(fb: Any, cls_name: str, how: str, clock: FakeClock) -> None:
+def test_copies_are_refused_on_both_cores(
+    fb: Any, cls_name: str, how: str, clock: FakeClock
+) -> None:
     obj = build(fb, cls_name, clock)
     op = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[how]
     with pytest.raises(TypeError, match="cannot be copied or pickled"):
@@ -237,7 +248,15 @@ class Owner:
         return 0
 
 
-CYCLES = ["listener", "closure", "failure_on", "clock", "map_callback", "map_clock", "map_key_listener"]
+CYCLES = [
+    "listener",
+    "closure",
+    "failure_on",
+    "clock",
+    "map_callback",
+    "map_clock",
+    "map_key_listener",
+]
 
 
 @pytest.mark.parametrize("how", CYCLES)
@@ -325,7 +344,9 @@ def test_compat_option_assignment_keeps_memory_flat() -> None:
     assert cb._core._config.options.failure_threshold == cb.fail_max
 
 
-def test_reconfigure_takes_effect_in_place_and_refuses_shape_changes(fb: Any, clock: FakeClock) -> None:
+def test_reconfigure_takes_effect_in_place_and_refuses_shape_changes(
+    fb: Any, clock: FakeClock
+) -> None:
     b = fb.CircuitBreaker(failure_threshold=5, reset_timeout=10, clock=clock)
     config = b._config
     from fastbreaker._options import BreakerOptions
@@ -439,7 +460,9 @@ def test_fake_clock_advance_refuses_what_it_cannot_represent(seconds: Any) -> No
 
 
 # -- the default probe timeout never declares a running probe lost ---------------------------------
-def test_default_probe_timeout_with_reset_timeout_zero_keeps_the_probe(fb: Any, clock: FakeClock) -> None:
+def test_default_probe_timeout_with_reset_timeout_zero_keeps_the_probe(
+    fb: Any, clock: FakeClock
+) -> None:
     b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=0, half_open_max_calls=1, clock=clock)
     b.record_failure()
     permit = b._permit_or_raise()  # the probe
@@ -452,7 +475,9 @@ def test_default_probe_timeout_with_reset_timeout_zero_keeps_the_probe(fb: Any, 
     assert b.state == fb.State.CLOSED
 
 
-def test_default_probe_timeout_is_reset_timeout_with_a_one_second_floor(fb: Any, clock: FakeClock) -> None:
+def test_default_probe_timeout_is_reset_timeout_with_a_one_second_floor(
+    fb: Any, clock: FakeClock
+) -> None:
     b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=0.1, clock=clock)
     b.record_failure()
     clock.advance(0.1)

@@ -89,7 +89,11 @@ def private_uses(path: str) -> list[str]:
                 elif alias.name.startswith("_"):
                     found.append(f"imports {alias.name} from {node.module}")
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             if isinstance(node.value, ast.Name) and node.value.id in modules:
                 found.append(f"{node.value.id}.{node.attr}")
             elif node.attr in PROTOCOL_PRIVATES and not (
@@ -115,8 +119,14 @@ def test_the_private_use_reader_sees_private_uses(tmp_path: object) -> None:
     import pathlib
 
     p = pathlib.Path(str(tmp_path)) / "m.py"
-    p.write_text("from .. import _retry\nfrom .._deadline import _current\n_retry._sleep(1)\nb._finish(1, 2)\n")
-    assert sorted(private_uses(str(p))) == ["<breaker>._finish", "_retry._sleep", "imports _current from _deadline"]
+    p.write_text(
+        "from .. import _retry\nfrom .._deadline import _current\n_retry._sleep(1)\nb._finish(1, 2)\n"
+    )
+    assert sorted(private_uses(str(p))) == [
+        "<breaker>._finish",
+        "_retry._sleep",
+        "imports _current from _deadline",
+    ]
 
 
 def test_group_and_config_have_the_same_api_on_both_cores() -> None:
@@ -134,7 +144,12 @@ def test_group_and_config_have_the_same_api_on_both_cores() -> None:
     g_c, g_py = _breaker_c.Group(0.5), _breaker_py.Group(0.5)
     for g in (g_c, g_py):
         g.add_size(4)
-        assert (g.bound(), g.try_reserve(), g.try_reserve(), g.try_reserve()) == (2, True, True, False)
+        assert (g.bound(), g.try_reserve(), g.try_reserve(), g.try_reserve()) == (
+            2,
+            True,
+            True,
+            False,
+        )
         g.add_open(-1)
         assert (g.open, g.size, g.suppressed) == (1, 4, 1)
     assert api(_breaker_c.Config) == api(_breaker_py.Config)

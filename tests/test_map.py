@@ -231,9 +231,25 @@ def test_iteration_is_a_snapshot(fb):
 
 KEYS = ["a", ("b", 1), 3]
 OPS = st.one_of(
-    st.tuples(st.sampled_from(["allow", "success", "failure", "slow", "call_ok", "call_err",
-                               "call_ignored", "with_ok", "with_err", "trip", "isolate",
-                               "reset"]), st.sampled_from(KEYS)),
+    st.tuples(
+        st.sampled_from(
+            [
+                "allow",
+                "success",
+                "failure",
+                "slow",
+                "call_ok",
+                "call_err",
+                "call_ignored",
+                "with_ok",
+                "with_err",
+                "trip",
+                "isolate",
+                "reset",
+            ]
+        ),
+        st.sampled_from(KEYS),
+    ),
     st.tuples(st.just("advance"), st.sampled_from([0.5, 1, 3, 6])),
 )
 
@@ -276,7 +292,9 @@ def apply(fb, target, op, keyed):
 
 
 @pytest.mark.thread_unsafe  # hypothesis drives its own examples
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     window=st.sampled_from([0, 0, 3, 5]),
     threshold=st.integers(1, 3),
@@ -291,9 +309,15 @@ def test_a_key_behaves_exactly_like_a_standalone_breaker(
 ):
     clock = FakeClock(1_000_000_000_000)
     options = dict(
-        failure_threshold=threshold, reset_timeout=reset_timeout, window=window,
-        min_calls=min_calls, half_open_max_calls=probes, success_threshold=successes,
-        slow_call_duration=0.5, ignore=Ignored, clock=clock,
+        failure_threshold=threshold,
+        reset_timeout=reset_timeout,
+        window=window,
+        min_calls=min_calls,
+        half_open_max_calls=probes,
+        success_threshold=successes,
+        slow_call_duration=0.5,
+        ignore=Ignored,
+        clock=clock,
     )
     m = fb.BreakerMap(**options)
     alone = {}
@@ -321,8 +345,16 @@ def test_a_key_behaves_exactly_like_a_standalone_breaker(
         str(k) for k, b in alone.items() if b.state != fb.State.CLOSED
     )
     total = m.metrics()
-    for name in ("permitted", "rejected", "successes", "failures", "slow_calls", "ignored",
-                 "stale", "opened"):
+    for name in (
+        "permitted",
+        "rejected",
+        "successes",
+        "failures",
+        "slow_calls",
+        "ignored",
+        "stale",
+        "opened",
+    ):
         assert getattr(total, name) == sum(getattr(b.metrics(), name) for b in alone.values())
 
 
@@ -345,7 +377,11 @@ def test_on_state_change_gets_the_key(fb):
     m.allow(key)
     m.record_success(key)
     S = fb.State
-    assert seen == [(key, S.CLOSED, S.OPEN), (key, S.OPEN, S.HALF_OPEN), (key, S.HALF_OPEN, S.CLOSED)]
+    assert seen == [
+        (key, S.CLOSED, S.OPEN),
+        (key, S.OPEN, S.HALF_OPEN),
+        (key, S.HALF_OPEN, S.CLOSED),
+    ]
     assert type(seen[0][0]) is tuple
 
 
@@ -426,8 +462,12 @@ def test_manual_trip_and_isolate_are_never_suppressed(fb):
     assert m["b"].state == fb.State.CLOSED
     m["b"].trip()
     m["c"].isolate()
-    assert states(fb, m) == {"a": fb.State.OPEN, "b": fb.State.OPEN, "c": fb.State.ISOLATED,
-                             "d": fb.State.CLOSED}
+    assert states(fb, m) == {
+        "a": fb.State.OPEN,
+        "b": fb.State.OPEN,
+        "c": fb.State.ISOLATED,
+        "d": fb.State.CLOSED,
+    }
     mm = m.metrics()
     assert (mm.open, mm.isolated, mm.suppressed_trips) == (2, 1, 1)
     fail(m, "d")
@@ -644,14 +684,15 @@ def test_room_is_made_in_batches_for_large_maps(fb):
 
 
 EVICTION_OPS = st.tuples(
-    st.sampled_from(["allow", "success", "failure", "slow", "trip", "isolate", "reset",
-                     "advance"]),
+    st.sampled_from(["allow", "success", "failure", "slow", "trip", "isolate", "reset", "advance"]),
     st.integers(0, 9),
 )
 
 
 @pytest.mark.thread_unsafe  # hypothesis drives its own examples
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     max_keys=st.sampled_from([1, 2, 4]),
     window=st.sampled_from([0, 4]),
@@ -660,8 +701,15 @@ EVICTION_OPS = st.tuples(
 def test_eviction_follows_the_documented_order(fb, max_keys, window, ops):
     # A model of the eviction rule, checked before every operation on a key not held.
     clock = FakeClock(1_000_000_000_000)
-    m = fb.BreakerMap(failure_threshold=2, reset_timeout=2, window=window, min_calls=2,
-                      slow_call_duration=0.5, max_keys=max_keys, clock=clock)
+    m = fb.BreakerMap(
+        failure_threshold=2,
+        reset_timeout=2,
+        window=window,
+        min_calls=2,
+        slow_call_duration=0.5,
+        max_keys=max_keys,
+        clock=clock,
+    )
     evicted = untracked = 0
     for name, key in ops:
         if name == "advance":

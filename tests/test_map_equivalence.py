@@ -51,15 +51,35 @@ class SameMaps(RuleBasedStateMachine):
         ratio=st.sampled_from([0.2, 0.5, 1.0]),
         events=st.booleans(),
     )
-    def build(self, window, failure_threshold, min_calls, reset_timeout, probes, successes,
-              probe_timeout, slow, max_keys, ratio, events):
+    def build(
+        self,
+        window,
+        failure_threshold,
+        min_calls,
+        reset_timeout,
+        probes,
+        successes,
+        probe_timeout,
+        slow,
+        max_keys,
+        ratio,
+        events,
+    ):
         from fastbreaker import _breaker_c
 
         kw = dict(
-            failure_threshold=failure_threshold, reset_timeout=reset_timeout, window=window,
-            min_calls=min_calls, failure_rate=0.5, slow_call_duration=slow,
-            half_open_max_calls=probes, success_threshold=successes, probe_timeout=probe_timeout,
-            ignore=(Ignored,), max_keys=max_keys, max_open_ratio=ratio,
+            failure_threshold=failure_threshold,
+            reset_timeout=reset_timeout,
+            window=window,
+            min_calls=min_calls,
+            failure_rate=0.5,
+            slow_call_duration=slow,
+            half_open_max_calls=probes,
+            success_threshold=successes,
+            probe_timeout=probe_timeout,
+            ignore=(Ignored,),
+            max_keys=max_keys,
+            max_open_ratio=ratio,
         )
         self.clocks = [FakeClock(10**12), FakeClock(10**12)]
         self.maps = [
@@ -125,6 +145,7 @@ class SameMaps(RuleBasedStateMachine):
     @rule(key=KEYS)
     def start_call(self, key):
         """A call admitted now that reports later (``with m[key]:`` split in two)."""
+
         def take(i, m):
             b = m[key]
             try:

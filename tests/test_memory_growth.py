@@ -51,8 +51,9 @@ async def ameasure_growth(step: Callable[[], Awaitable[Any]], n: int, *, warmup:
         tracemalloc.stop()
 
 
-def check_flat(small_growth: int, large_growth: int, small: int, large: int,
-               per_step: float = 2.0) -> None:
+def check_flat(
+    small_growth: int, large_growth: int, small: int, large: int, per_step: float = 2.0
+) -> None:
     per = (large_growth - small_growth) / (large - small)
     assert per < per_step, (
         f"memory grows with the work: {small_growth} B after {small} steps, "
@@ -64,8 +65,9 @@ def assert_flat(step: Callable[[], Any], small: int = 2_000, large: int = 20_000
     check_flat(measure_growth(step, small), measure_growth(step, large), small, large)
 
 
-async def aassert_flat(step: Callable[[], Awaitable[Any]], small: int = 1_000,
-                       large: int = 10_000) -> None:
+async def aassert_flat(
+    step: Callable[[], Awaitable[Any]], small: int = 1_000, large: int = 10_000
+) -> None:
     check_flat(await ameasure_growth(step, small), await ameasure_growth(step, large), small, large)
 
 
@@ -222,8 +224,13 @@ def test_httpx_transport_keeps_memory_flat(fb, clock) -> None:
             except fb.CircuitOpenError:
                 pass
 
-        check_flat(measure_growth(step, 200, warmup=50), measure_growth(step, 1_000, warmup=0),
-                   200, 1_000, per_step=8.0)
+        check_flat(
+            measure_growth(step, 200, warmup=50),
+            measure_growth(step, 1_000, warmup=0),
+            200,
+            1_000,
+            per_step=8.0,
+        )
     assert m[fastbreaker.contrib.httpx.Origin.of("http://bad.example/")].metrics().rejected > 1_000
 
 
@@ -241,5 +248,10 @@ async def test_async_httpx_transport_keeps_memory_flat(fb, clock) -> None:
             except fb.CircuitOpenError:
                 pass
 
-        check_flat(await ameasure_growth(step, 200, warmup=50),
-                   await ameasure_growth(step, 1_000, warmup=0), 200, 1_000, per_step=8.0)
+        check_flat(
+            await ameasure_growth(step, 200, warmup=50),
+            await ameasure_growth(step, 1_000, warmup=0),
+            200,
+            1_000,
+            per_step=8.0,
+        )

@@ -41,8 +41,9 @@ def pin_jitter(monkeypatch: pytest.MonkeyPatch) -> Any:
 class Flaky:
     """Fails with ``errors`` in turn, then returns ``value``; records every call."""
 
-    def __init__(self, *errors: BaseException, value: object = "ok", clock: Any = None,
-                 cost: float = 0.0) -> None:
+    def __init__(
+        self, *errors: BaseException, value: object = "ok", clock: Any = None, cost: float = 0.0
+    ) -> None:
         self.errors = list(errors)
         self.raised: list[BaseException] = []
         self.calls = 0
@@ -78,7 +79,9 @@ class SpyBudget:
 # --- the decorator, sync ----------------------------------------------------------------------
 
 
-def test_success_first_time_calls_once(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
+def test_success_first_time_calls_once(
+    fb: types.SimpleNamespace, instant_blocks: list[float]
+) -> None:
     f = Flaky(value=42)
     assert fb.retry(on=ConnectionError)(f)(1, x=2) == 42
     assert f.calls == 1
@@ -517,7 +520,9 @@ async def test_concurrent_tasks_keep_separate_attempt_counts(fb: types.SimpleNam
 # --- async decorator ----------------------------------------------------------------------------
 
 
-async def test_async_retries_and_reraises(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
+async def test_async_retries_and_reraises(
+    fb: types.SimpleNamespace, instant_blocks: list[float]
+) -> None:
     f = Flaky(ConnectionError(), ConnectionError(), ConnectionError())
 
     @fb.retry(on=ConnectionError, attempts=3)
@@ -624,7 +629,9 @@ def test_instant_retries_works_from_other_threads(fb: types.SimpleNamespace) -> 
 # --- the block form -----------------------------------------------------------------------------
 
 
-def test_block_form_retries_until_success(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
+def test_block_form_retries_until_success(
+    fb: types.SimpleNamespace, instant_blocks: list[float]
+) -> None:
     f = Flaky(KeyError(), KeyError())
     numbers: list[int] = []
     after: list[int] = []

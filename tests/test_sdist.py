@@ -68,6 +68,10 @@ def test_sdist_has_every_cython_source_and_header(sdist_names: list[str]) -> Non
 
 
 def test_sdist_has_no_build_products(sdist_names: list[str]) -> None:
-    built = [n for n in sdist_names if n.endswith((".so", ".pyd", ".pyc")) or
-             (n.startswith("src/fastbreaker/") and n.endswith(".c"))]
+    built = [
+        n
+        for n in sdist_names
+        if n.endswith((".so", ".pyd", ".pyc"))
+        or (n.startswith("src/fastbreaker/") and n.endswith(".c"))
+    ]
     assert not built

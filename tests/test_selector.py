@@ -39,7 +39,8 @@ def run(env_extra, code=CODE):
 
 
 @pytest.mark.skipif(
-    platform.python_implementation() != "CPython" or bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")),
+    platform.python_implementation() != "CPython"
+    or bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")),
     reason="the compiled core is the default on CPython builds with extensions",
 )
 def test_plain_import_uses_compiled_core():
@@ -74,13 +75,17 @@ def test_every_place_agrees_on_the_core(env, prefix, expect):
     if expect == "compiled":
         assert (compiled, impls, any_c) == ("True", "c,python", "True")
         assert (breaker_mod, budget_mod, map_mod) == (
-            "fastbreaker._breaker_c", "fastbreaker._budget_c", "fastbreaker._map_c"
+            "fastbreaker._breaker_c",
+            "fastbreaker._budget_c",
+            "fastbreaker._map_c",
         )
     else:
         # the twin everywhere, the test helpers included, and no compiled module even imported
         assert (compiled, impls, any_c) == ("False", "python", "False")
         assert (breaker_mod, budget_mod, map_mod) == (
-            "fastbreaker._breaker_py", "fastbreaker._budget_py", "fastbreaker._map_py"
+            "fastbreaker._breaker_py",
+            "fastbreaker._budget_py",
+            "fastbreaker._map_py",
         )
 
 
@@ -97,7 +102,7 @@ def test_the_environment_variable_is_read_in_one_module():
                     text = fh.read()
                 if "os.environ" in text and "FASTBREAKER_NO_EXTENSIONS" in text:
                     readers.append(os.path.relpath(path, pkg))
-                if "python_implementation()" in text and "== \"CPython\"" in text:
+                if "python_implementation()" in text and '== "CPython"' in text:
                     readers.append(os.path.relpath(path, pkg))
     assert sorted(set(readers)) == ["_select.py"]
 

@@ -53,8 +53,11 @@ def test_help_shows_the_class_and_its_method_signatures(module: str, name: str) 
 def test_compiled_class_signature(module: str, name: str) -> None:
     sig = inspect.signature(_cls(module, name))
     assert sig.parameters
-    twin = {"CircuitBreaker": "fastbreaker._breaker_py", "BreakerMap": "fastbreaker._map_py",
-            "RetryBudget": "fastbreaker._budget_py"}[name]
+    twin = {
+        "CircuitBreaker": "fastbreaker._breaker_py",
+        "BreakerMap": "fastbreaker._map_py",
+        "RetryBudget": "fastbreaker._budget_py",
+    }[name]
     # the same parameters, defaults and kinds as the twin's constructor
     assert [(p.name, p.kind, p.default) for p in sig.parameters.values()] == [
         (p.name, p.kind, p.default) for p in inspect.signature(_cls(twin, name)).parameters.values()

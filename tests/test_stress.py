@@ -69,11 +69,19 @@ BREAKER_CONFIGS = {
     # probe_timeout is explicit: the default has a 1 s floor, and leaked probes must be
     # reclaimed many times per run.
     "consecutive": dict(
-        failure_threshold=3, reset_timeout=20e-6, probe_timeout=20e-6, half_open_max_calls=2,
+        failure_threshold=3,
+        reset_timeout=20e-6,
+        probe_timeout=20e-6,
+        half_open_max_calls=2,
     ),
     "window": dict(
-        failure_threshold=3, window=16, min_calls=4, failure_rate=0.5,
-        reset_timeout=20e-6, probe_timeout=20e-6, half_open_max_calls=3,
+        failure_threshold=3,
+        window=16,
+        min_calls=4,
+        failure_rate=0.5,
+        reset_timeout=20e-6,
+        probe_timeout=20e-6,
+        half_open_max_calls=3,
     ),
 }
 
@@ -89,7 +97,12 @@ class HammerReport:
 
 
 def hammer_breaker(
-    client: Any, breaker: Any, seconds: float, *, threads: int = THREADS, fail_pct: int = 20,
+    client: Any,
+    breaker: Any,
+    seconds: float,
+    *,
+    threads: int = THREADS,
+    fail_pct: int = 20,
     leak_pct: int = 1,
 ) -> HammerReport:
     cap = 200_000  # per thread; a 1.5 s run logs ~40,000 changes per thread
@@ -102,7 +115,9 @@ def hammer_breaker(
         probes = array.array("q", bytes(8 * cap))
         samples = array.array("q", bytes(8 * 2 * cap))
         barrier.wait()
-        res = client.hammer_breaker(breaker, i + 1, end[0], fail_pct, leak_pct, claims, probes, samples)
+        res = client.hammer_breaker(
+            breaker, i + 1, end[0], fail_pct, leak_pct, claims, probes, samples
+        )
         logs[i] = (res, claims, probes, samples)
 
     workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
@@ -158,7 +173,10 @@ def check_breaker(client: Any, breaker: Any, logs: list[Any]) -> HammerReport:
             bad("change claimed twice", f"generation {gen}: {got}")
         old, new, _ = got[0]
         if prev_new != -1 and old != prev_new:
-            bad("changes do not chain", f"generation {gen} starts in {old}, previous ended in {prev_new}")
+            bad(
+                "changes do not chain",
+                f"generation {gen} starts in {old}, previous ended in {prev_new}",
+            )
         prev_new = new
     for gen in claims:
         if not 1 <= gen <= final_gen:
@@ -260,7 +278,9 @@ def test_config_swaps_under_parallel_hammer_keep_the_invariants(client: Any) -> 
     for round_ in range(6):
         victim = m[f"victim-{round_}"]
         result: list[HammerReport] = []
-        runner = threading.Thread(target=lambda: result.append(hammer_breaker(client, victim, 0.25)))
+        runner = threading.Thread(
+            target=lambda: result.append(hammer_breaker(client, victim, 0.25))
+        )
         runner.start()
         i = 0
         while runner.is_alive():
@@ -273,7 +293,9 @@ def test_config_swaps_under_parallel_hammer_keep_the_invariants(client: Any) -> 
         swapped += victim._config is not m._config  # dropped (detached) while hammered
     for report in reports:
         assert not report.violations, str(report)
-    held_open = sum(1 for key in m if m.get(key) is not None and m.get(key).state != fastbreaker.State.CLOSED)
+    held_open = sum(
+        1 for key in m if m.get(key) is not None and m.get(key).state != fastbreaker.State.CLOSED
+    )
     assert m._group.open == held_open
     assert len(m._detached.retired) <= 1
     assert sum(r.figures["trips"] for r in reports) > 100
@@ -317,8 +339,12 @@ def hammer_budget(client: Any, budget: Any, *, step: int, threads: int = THREADS
         t.join()
     tokens, last = client.budget_units(budget)
     return dict(
-        tokens0=tokens0, last0=last0, tokens=tokens, last=last,
-        taken=sum(r[0] for r in results), take_calls=sum(r[1] for r in results),
+        tokens0=tokens0,
+        last0=last0,
+        tokens=tokens,
+        last=last,
+        taken=sum(r[0] for r in results),
+        take_calls=sum(r[1] for r in results),
         deposits=sum(r[2] for r in results),
     )
 
@@ -340,7 +366,9 @@ def budget_violations(budget: Any, r: dict[str, int], step: int) -> list[str]:
     if rate and not exact - refills_at_most <= accrued <= exact:
         out.append(f"accrual {accrued} units outside [{exact - refills_at_most}, {exact}]")
     if rate and r["last"] != r["last0"] + (ITERATIONS - 1) * step:
-        out.append(f"refill time {r['last']} != latest time seen {r['last0'] + (ITERATIONS - 1) * step}")
+        out.append(
+            f"refill time {r['last']} != latest time seen {r['last0'] + (ITERATIONS - 1) * step}"
+        )
     return out
 
 
@@ -460,6 +488,7 @@ class TestPythonAPIUnderThreads:
             registered = 0
             for k in range(200):
                 if i % 2:
+
                     def cb(b: Any, old: Any, new: Any, key: int = i * 1000 + k) -> None:
                         with lock:
                             calls[key] += 1

@@ -15,9 +15,17 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def test_mypy_accepts_typing_check():
     pytest.importorskip("mypy")
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
-         str(ROOT / "tests" / "typing_check.py")],
-        capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            str(ROOT / "tests" / "typing_check.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "MYPYPATH": str(ROOT / "src")},
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -36,7 +44,9 @@ def test_mypy_rejects_wrong_argument_types(tmp_path):
     )
     out = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(bad)],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "MYPYPATH": str(ROOT / "src")},
     )
     assert out.returncode == 1 and "arg-type" in out.stdout, out.stdout

@@ -29,7 +29,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
-pytestmark = pytest.mark.skipif(not WORKFLOWS.is_dir(), reason="no .github/workflows (not a checkout)")
+pytestmark = pytest.mark.skipif(
+    not WORKFLOWS.is_dir(), reason="no .github/workflows (not a checkout)"
+)
 
 
 def load(name: str) -> dict[Any, Any]:
@@ -59,7 +61,9 @@ def test_workflow_is_well_formed(name: str) -> None:
         for key in re.findall(r"\$\{\{[^}]*?\bmatrix\.([A-Za-z_][\w-]*)", text):
             assert key in matrix, f"{name}: job {job_id} uses matrix.{key}, not in its matrix"
         for step in job["steps"]:
-            assert ("uses" in step) != ("run" in step), f"{job_id}: a step needs exactly one of uses/run"
+            assert ("uses" in step) != ("run" in step), (
+                f"{job_id}: a step needs exactly one of uses/run"
+            )
             if "uses" in step:
                 # pinned by commit SHA: a tag can be moved, a commit cannot
                 assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
@@ -67,7 +71,9 @@ def test_workflow_is_well_formed(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["test.yml", "wheels.yml"])
 def test_pinned_actions_name_their_version(name: str) -> None:
-    lines = [ln for ln in (WORKFLOWS / name).read_text(encoding="utf-8").splitlines() if "uses:" in ln]
+    lines = [
+        ln for ln in (WORKFLOWS / name).read_text(encoding="utf-8").splitlines() if "uses:" in ln
+    ]
     assert lines
     for line in lines:
         assert re.search(r"uses: \S+@[0-9a-f]{40}  # v\d+\.\d+\.\d+$", line), line
@@ -77,9 +83,16 @@ def test_pinned_actions_name_their_version(name: str) -> None:
 def test_workflow_matches_the_github_schema(name: str) -> None:
     pytest.importorskip("check_jsonschema", reason="check-jsonschema is not installed")
     out = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-         str(WORKFLOWS / name)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(WORKFLOWS / name),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -119,7 +132,9 @@ def test_wheels_workflow_builds_from_the_sdist() -> None:
     assert "sdist" in cibw["with"]["package-dir"]
     oses = wheels["strategy"]["matrix"]["os"]
     for platform in ("ubuntu", "windows", "macos"):
-        assert sum(o.startswith(platform) for o in oses) >= 2, f"{platform}: x86_64 and arm64 runners"
+        assert sum(o.startswith(platform) for o in oses) >= 2, (
+            f"{platform}: x86_64 and arm64 runners"
+        )
     assert "tags" in wf["on"]["push"]
 
 
@@ -147,7 +162,9 @@ def test_cibuildwheel_builds_the_intended_wheels(platform: str) -> None:
     pytest.importorskip("cibuildwheel")
     out = subprocess.run(
         [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform", platform],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
     ids = out.stdout.split()
@@ -169,5 +186,10 @@ def test_ci_scripts_parse(script: str) -> None:
     assert out.returncode == 0, out.stderr
     shellcheck = shutil.which("shellcheck")
     if shellcheck is not None and script != "run":
-        out = subprocess.run([shellcheck, "-x", "-S", "warning", str(path)], capture_output=True, text=True, cwd=path.parent)
+        out = subprocess.run(
+            [shellcheck, "-x", "-S", "warning", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=path.parent,
+        )
         assert out.returncode == 0, out.stdout

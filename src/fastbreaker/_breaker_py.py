@@ -132,11 +132,30 @@ class CircuitBreaker:
     """
 
     __slots__ = (
-        "_config", "_label", "_lock",
-        "_state", "_gen", "_inflight", "_probe_ok", "_level", "_since_ns", "_consec",
-        "_ring", "_head", "_rec", "_fail", "_slow",
-        "_permitted", "_rejected", "_successes", "_failures", "_slow_calls", "_ignored",
-        "_stale", "_opened", "__weakref__",
+        "_config",
+        "_label",
+        "_lock",
+        "_state",
+        "_gen",
+        "_inflight",
+        "_probe_ok",
+        "_level",
+        "_since_ns",
+        "_consec",
+        "_ring",
+        "_head",
+        "_rec",
+        "_fail",
+        "_slow",
+        "_permitted",
+        "_rejected",
+        "_successes",
+        "_failures",
+        "_slow_calls",
+        "_ignored",
+        "_stale",
+        "_opened",
+        "__weakref__",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -60,7 +60,14 @@ class RetryBudget:
     """
 
     __slots__ = (
-        "_tokens", "_last_ns", "_deposit", "_capacity", "_rate", "_clock", "_lock", "__weakref__",
+        "_tokens",
+        "_last_ns",
+        "_deposit",
+        "_capacity",
+        "_rate",
+        "_clock",
+        "_lock",
+        "__weakref__",
     )
 
     def __init_subclass__(cls, **kwargs: object) -> None:

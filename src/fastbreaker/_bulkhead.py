@@ -135,9 +135,17 @@ class LimiterConfig:
 
 
 def check_limiter(
-    initial_limit: object, min_limit: object, max_limit: object, algorithm: object,
-    rtt_threshold: object, backoff: object, max_wait: object, max_waiting: object,
-    drop_on: object, name: object, clock: object,
+    initial_limit: object,
+    min_limit: object,
+    max_limit: object,
+    algorithm: object,
+    rtt_threshold: object,
+    backoff: object,
+    max_wait: object,
+    max_waiting: object,
+    drop_on: object,
+    name: object,
+    clock: object,
 ) -> LimiterConfig:
     """Validate an AdaptiveLimiter's options."""
     lo = _number(min_limit, "min_limit")
@@ -168,8 +176,16 @@ def check_limiter(
     )
     check_clock(clock)
     return LimiterConfig(
-        init, lo, hi, AIMD if algorithm == "aimd" else GRADIENT, threshold_ns, b, wait_s,
-        waiting, _exc_types(drop_on, "drop_on"), _name(name),
+        init,
+        lo,
+        hi,
+        AIMD if algorithm == "aimd" else GRADIENT,
+        threshold_ns,
+        b,
+        wait_s,
+        waiting,
+        _exc_types(drop_on, "drop_on"),
+        _name(name),
     )
 
 
@@ -179,7 +195,12 @@ def rtt_ns(rtt: object) -> int:
 
 
 def aimd(
-    limit: float, last_cut: int, rtt: Optional[int], dropped: bool, now: int, in_flight: int,
+    limit: float,
+    last_cut: int,
+    rtt: Optional[int],
+    dropped: bool,
+    now: int,
+    in_flight: int,
     cfg: LimiterConfig,
 ) -> tuple[float, int]:
     """The AIMD step of one sample (the spec; ``_bulkhead_c`` does the same with two CASes).

@@ -3,4 +3,6 @@
 from ._bulkhead import BulkheadMetrics as BulkheadMetrics
 from ._bulkhead_py import AdaptiveLimiter as AdaptiveLimiter, Bulkhead as Bulkhead
 
-def _hammer(obj: Bulkhead | AdaptiveLimiter, rounds: int, rtt_ns: int, now: int) -> tuple[int, int, int]: ...
+def _hammer(
+    obj: Bulkhead | AdaptiveLimiter, rounds: int, rtt_ns: int, now: int
+) -> tuple[int, int, int]: ...

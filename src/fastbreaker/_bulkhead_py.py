@@ -38,9 +38,22 @@ class _Slots:
     """What Bulkhead and AdaptiveLimiter share: the counters, the fast paths, waiting, calls."""
 
     __slots__ = (
-        "_lock", "_queue", "_in_flight", "_waiting", "_admitted", "_rejected", "_timed_out",
-        "_cancelled", "_waited", "_peak", "_name", "_max_wait", "_max_waiting", "_clock",
-        "_ready", "__weakref__",
+        "_lock",
+        "_queue",
+        "_in_flight",
+        "_waiting",
+        "_admitted",
+        "_rejected",
+        "_timed_out",
+        "_cancelled",
+        "_waited",
+        "_peak",
+        "_name",
+        "_max_wait",
+        "_max_waiting",
+        "_clock",
+        "_ready",
+        "__weakref__",
     )
 
     def _setup(self, wait_s: float, max_waiting: int, name: Optional[str], clock: Any) -> None:
@@ -192,8 +205,14 @@ class _Slots:
         """A snapshot of the counters."""
         with self._lock:
             return BulkheadMetrics(
-                self._admitted, self._rejected, self._timed_out, self._cancelled, self._waited,
-                self._in_flight, self._waiting, self._peak,
+                self._admitted,
+                self._rejected,
+                self._timed_out,
+                self._cancelled,
+                self._waited,
+                self._in_flight,
+                self._waiting,
+                self._peak,
             )
 
     def __enter__(self) -> Any:
@@ -209,13 +228,17 @@ class _Slots:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self._exit(exc)
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self._exit(exc)
@@ -325,8 +348,17 @@ class AdaptiveLimiter(_Slots):
         clock: Optional[Callable[[], int]] = None,
     ) -> None:
         cfg = _b.check_limiter(
-            initial_limit, min_limit, max_limit, algorithm, rtt_threshold, backoff, max_wait,
-            max_waiting, drop_on, name, clock,
+            initial_limit,
+            min_limit,
+            max_limit,
+            algorithm,
+            rtt_threshold,
+            backoff,
+            max_wait,
+            max_waiting,
+            drop_on,
+            name,
+            clock,
         )
         self._setup(cfg.max_wait, cfg.max_waiting, cfg.name, clock)
         self._cfg = cfg

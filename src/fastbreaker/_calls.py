@@ -284,7 +284,9 @@ def exit(breaker: Any, exc: Optional[BaseException]) -> None:
         breaker._finish(permit, breaker._config.options.classify(exc))
 
 
-def fire(breaker: Any, listeners: tuple[Callable[..., Any], ...], hook: Any, old: Any, new: Any) -> None:
+def fire(
+    breaker: Any, listeners: tuple[Callable[..., Any], ...], hook: Any, old: Any, new: Any
+) -> None:
     """Run state-change callbacks; one that raises is logged and changes nothing else."""
     for cb in listeners:
         try:

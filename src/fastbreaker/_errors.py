@@ -62,7 +62,11 @@ class CircuitOpenError(BreakerError):
 
     def __str__(self) -> str:
         args = self.args
-        if len(args) != 3 or not isinstance(args[1], State) or not isinstance(args[2], (int, float)):
+        if (
+            len(args) != 3
+            or not isinstance(args[1], State)
+            or not isinstance(args[2], (int, float))
+        ):
             return super().__str__() or "circuit is open"
         label = f"circuit {self.name!r}" if self.name is not None else "circuit"
         if math.isinf(self.retry_after):

@@ -45,6 +45,7 @@ __all__ = ["BreakerMap", "MapMetrics"]
 
 T = TypeVar("T")
 
+
 @final
 class BreakerMap:
     """One circuit breaker per key (a host, or a ``(host, operation)`` tuple), bounded, no threads.
@@ -91,8 +92,20 @@ class BreakerMap:
     """
 
     __slots__ = (
-        "_d", "_options", "_group", "_config", "_detached", "_hook", "_lock", "_max_keys",
-        "_room", "_evicted", "_untracked", "_dropped", "_owner", "__weakref__",
+        "_d",
+        "_options",
+        "_group",
+        "_config",
+        "_detached",
+        "_hook",
+        "_lock",
+        "_max_keys",
+        "_room",
+        "_evicted",
+        "_untracked",
+        "_dropped",
+        "_owner",
+        "__weakref__",
     )
 
     _core: types.ModuleType = _breaker_py

@@ -43,15 +43,20 @@ def map_signature() -> inspect.Signature:
     """``BreakerMap(...)``'s signature, built from ``BreakerOptions``'s (the option list is
     written once): every breaker option but ``name``, then ``max_open_ratio`` and ``max_keys``."""
     params = [
-        p for p in inspect.signature(BreakerOptions.__init__).parameters.values() if p.name != "name"
+        p
+        for p in inspect.signature(BreakerOptions.__init__).parameters.values()
+        if p.name != "name"
     ]
     own = [
-        inspect.Parameter("max_open_ratio", inspect.Parameter.KEYWORD_ONLY, default=1.0,
-                          annotation="float"),
-        inspect.Parameter("max_keys", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation="Optional[int]"),
+        inspect.Parameter(
+            "max_open_ratio", inspect.Parameter.KEYWORD_ONLY, default=1.0, annotation="float"
+        ),
+        inspect.Parameter(
+            "max_keys", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Optional[int]"
+        ),
     ]
     return inspect.Signature(params[:-1] + own + params[-1:])  # clock stays last
+
 
 T = TypeVar("T")
 StateCallback = Callable[[Any, State, State], Any]
@@ -60,7 +65,14 @@ CB = TypeVar("CB", bound=StateCallback)
 CLOSED = State.CLOSED
 _logger = logging.getLogger("fastbreaker")
 _COUNTERS = (
-    "permitted", "rejected", "successes", "failures", "slow_calls", "ignored", "stale", "opened",
+    "permitted",
+    "rejected",
+    "successes",
+    "failures",
+    "slow_calls",
+    "ignored",
+    "stale",
+    "opened",
 )
 # When the map is full it makes room for max(1, max_keys // _ROOM_DIVISOR) keys at once: the
 # eviction scan walks the dict in creation order, so a batch amortizes each scan over many
@@ -198,7 +210,9 @@ def _new(m: Any, key: Hashable) -> Any:
     try:
         hash(key)
     except TypeError:
-        raise TypeError(f"key must be hashable (e.g. a str or a tuple of str), got {key!r}") from None
+        raise TypeError(
+            f"key must be hashable (e.g. a str or a tuple of str), got {key!r}"
+        ) from None
     breaker_cls = m._core.CircuitBreaker
     me = threading.get_ident()
     with m._lock:

@@ -41,8 +41,13 @@ MAX_THRESHOLD = 2**40 - 1
 MIN_DEFAULT_PROBE_TIMEOUT_NS = 1_000_000_000
 #: Options that Config.reconfigure() may change in place; the others fix a breaker's shape.
 RECONFIGURABLE = (
-    "failure_threshold", "min_calls", "half_open_max_calls", "success_threshold", "reset_ns",
-    "max_reset_ns", "probe_timeout_ns",
+    "failure_threshold",
+    "min_calls",
+    "half_open_max_calls",
+    "success_threshold",
+    "reset_ns",
+    "max_reset_ns",
+    "probe_timeout_ns",
 )
 
 FailurePredicate = Callable[[BaseException], bool]
@@ -184,14 +189,17 @@ class BreakerOptions:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
         self.name = name
-        self.failure_threshold = check_count(failure_threshold, "failure_threshold", 1, MAX_THRESHOLD)
+        self.failure_threshold = check_count(
+            failure_threshold, "failure_threshold", 1, MAX_THRESHOLD
+        )
         self.reset_ns = seconds_to_ns(reset_timeout, "reset_timeout")
         self.window = check_count(window, "window", 0, MAX_WINDOW)
         min_calls = check_count(min_calls, "min_calls", 1, MAX_THRESHOLD)
         self.min_calls = min(min_calls, self.window) if self.window else min_calls
         self.failure_rate = check_rate(failure_rate, "failure_rate")
         self.slow_ns = (
-            0 if slow_call_duration is None
+            0
+            if slow_call_duration is None
             else seconds_to_ns(slow_call_duration, "slow_call_duration", positive=True)
         )
         self.slow_rate = check_rate(slow_call_rate, "slow_call_rate")
@@ -209,7 +217,8 @@ class BreakerOptions:
                     f"got {max_reset_timeout!r}"
                 )
         self.probe_timeout_ns = (
-            max(self.reset_ns, MIN_DEFAULT_PROBE_TIMEOUT_NS) if probe_timeout is None
+            max(self.reset_ns, MIN_DEFAULT_PROBE_TIMEOUT_NS)
+            if probe_timeout is None
             else seconds_to_ns(probe_timeout, "probe_timeout", positive=True)
         )
         if callable(failure_on) and not isinstance(failure_on, type):
@@ -245,7 +254,8 @@ class BreakerOptions:
             except Exception:
                 logging.getLogger("fastbreaker").exception(
                     "fastbreaker: failure_on predicate %r raised on %r; counted as a failure",
-                    self.failure_predicate, exc,
+                    self.failure_predicate,
+                    exc,
                 )
                 return OUT_FAILURE
         return OUT_FAILURE if isinstance(exc, self.failure_types) else OUT_SUCCESS
@@ -254,8 +264,10 @@ class BreakerOptions:
         """Raise ValueError unless ``new`` differs from these options only in what
         ``Config.reconfigure`` may change in place (thresholds and durations)."""
         for option in self.__slots__:
-            if option not in RECONFIGURABLE and option != "name" and (
-                getattr(new, option) != getattr(self, option)
+            if (
+                option not in RECONFIGURABLE
+                and option != "name"
+                and (getattr(new, option) != getattr(self, option))
             ):
                 raise ValueError(f"{option} cannot change on an existing breaker")
 

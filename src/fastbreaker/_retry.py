@@ -130,7 +130,14 @@ class Policy:
     """The validated options of one ``retry``/``retrying``; shared, never mutated."""
 
     __slots__ = (
-        "matches", "attempts", "base_ns", "cap_ns", "budget", "deadline", "deadline_ns", "on_retry"
+        "matches",
+        "attempts",
+        "base_ns",
+        "cap_ns",
+        "budget",
+        "deadline",
+        "deadline_ns",
+        "on_retry",
     )
 
     def __init__(

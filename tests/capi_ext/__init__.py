@@ -54,7 +54,9 @@ def _flags(name: str) -> list[str]:
     return os.environ.get(name, "").split()
 
 
-def _compile(dest: pathlib.Path, modules: list[tuple[str, pathlib.Path, list[tuple[str, str]]]]) -> None:
+def _compile(
+    dest: pathlib.Path, modules: list[tuple[str, pathlib.Path, list[tuple[str, str]]]]
+) -> None:
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
 
@@ -129,7 +131,9 @@ def build_racy(dest: pathlib.Path) -> types.ModuleType:
                 text = (src / (core + ext)).read_text(encoding="utf-8")
                 (dest / (copy + ext)).write_text(_absolute_imports(text), encoding="utf-8")
         client = CLIENT.read_text(encoding="utf-8")
-        client = client.replace("from fastbreaker._breaker_c cimport", f"from {RACY_BREAKER} cimport")
+        client = client.replace(
+            "from fastbreaker._breaker_c cimport", f"from {RACY_BREAKER} cimport"
+        )
         client = client.replace("from fastbreaker._budget_c cimport", f"from {RACY_BUDGET} cimport")
         assert RACY_BREAKER in client and RACY_BUDGET in client
         (dest / (RACY_CLIENT + ".pyx")).write_text(client, encoding="utf-8")

@@ -46,6 +46,7 @@ def build_racy(dest: pathlib.Path) -> types.SimpleNamespace:
         )
         core = _import(dest, RACY_CORE)
         return types.SimpleNamespace(
-            client=_import(dest, RACY_CLIENT), Bulkhead=core.Bulkhead,
+            client=_import(dest, RACY_CLIENT),
+            Bulkhead=core.Bulkhead,
             AdaptiveLimiter=core.AdaptiveLimiter,
         )

@@ -383,7 +383,9 @@ class CircuitBreaker:
         self._succeeded(permit)
         return result
 
-    async def call_async_generator(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def call_async_generator(
+        self, func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         """Iterate the async generator ``func(*args, **kwargs)`` through the breaker."""
         permit = self._admit_or_raise()
         try:
@@ -405,7 +407,9 @@ class CircuitBreaker:
             kept.append(node[:2])
             node = node[2]
         if node is None:
-            raise RuntimeError("breaker exited a `with` block that it did not enter in this context")
+            raise RuntimeError(
+                "breaker exited a `with` block that it did not enter in this context"
+            )
         _, permit, rest = node
         for breaker, other in reversed(kept):
             rest = (breaker, other, rest)

@@ -127,9 +127,12 @@ def _own_names() -> Iterator[None]:
         yield
     except (TypeError, ValueError) as exc:
         msg = str(exc)
-        for core_name, name in (("failure_threshold", "fail_max"), ("probe_timeout", "reset_timeout")):
+        for core_name, name in (
+            ("failure_threshold", "fail_max"),
+            ("probe_timeout", "reset_timeout"),
+        ):
             if msg.startswith(core_name + " "):
-                raise type(exc)(name + msg[len(core_name):]) from None
+                raise type(exc)(name + msg[len(core_name) :]) from None
         raise
 
 
@@ -140,7 +143,9 @@ class CircuitBreakerError(Exception):
 class CircuitBreakerListener:
     """Subclass and register with ``CircuitBreaker.add_listener`` to observe a breaker."""
 
-    def before_call(self, cb: CircuitBreaker, func: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def before_call(
+        self, cb: CircuitBreaker, func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
         """Called before the breaker ``cb`` calls ``func`` (only for calls it lets through)."""
 
     def failure(self, cb: CircuitBreaker, exc: BaseException) -> None:
@@ -150,7 +155,10 @@ class CircuitBreakerListener:
         """Called when a call through ``cb`` succeeded (or raised an excluded exception)."""
 
     def state_change(
-        self, cb: CircuitBreaker, old_state: Optional[CircuitBreakerState], new_state: CircuitBreakerState
+        self,
+        cb: CircuitBreaker,
+        old_state: Optional[CircuitBreakerState],
+        new_state: CircuitBreakerState,
     ) -> None:
         """Called when ``cb`` changes state (manual transitions too, even to the same state)."""
 
@@ -160,8 +168,12 @@ class CircuitBreakerState:
 
     _state_name = ""
 
-    def __init__(self, cb: CircuitBreaker, prev_state: Optional[CircuitBreakerState] = None,
-                 notify: bool = False) -> None:
+    def __init__(
+        self,
+        cb: CircuitBreaker,
+        prev_state: Optional[CircuitBreakerState] = None,
+        notify: bool = False,
+    ) -> None:
         self._breaker = cb
 
     @property
@@ -288,8 +300,14 @@ class CircuitMemoryStorage(CircuitBreakerStorage):
 class CircuitRedisStorage(CircuitBreakerStorage):
     """Not supported: constructing one raises ``NotImplementedError`` (see the module docstring)."""
 
-    def __init__(self, state: str, redis_object: Any, namespace: Optional[str] = None,
-                 fallback_circuit_state: str = STATE_CLOSED, cluster_mode: bool = False) -> None:
+    def __init__(
+        self,
+        state: str,
+        redis_object: Any,
+        namespace: Optional[str] = None,
+        fallback_circuit_state: str = STATE_CLOSED,
+        cluster_mode: bool = False,
+    ) -> None:
         raise NotImplementedError(_MSG_REDIS)
 
 
@@ -537,17 +555,23 @@ class CircuitBreaker:
         """Exception types and predicates whose matches are not system errors."""
         return self._excluded
 
-    def add_excluded_exception(self, exception: type[BaseException] | Callable[[Any], bool]) -> None:
+    def add_excluded_exception(
+        self, exception: type[BaseException] | Callable[[Any], bool]
+    ) -> None:
         """Exclude an exception type (and its subclasses) or a predicate ``exc -> bool``."""
         with self._lock:
             self._excluded = self._excluded + (exception,)
 
-    def add_excluded_exceptions(self, *exceptions: type[BaseException] | Callable[[Any], bool]) -> None:
+    def add_excluded_exceptions(
+        self, *exceptions: type[BaseException] | Callable[[Any], bool]
+    ) -> None:
         """Exclude several exception types or predicates."""
         for exc in exceptions:
             self.add_excluded_exception(exc)
 
-    def remove_excluded_exception(self, exception: type[BaseException] | Callable[[Any], bool]) -> None:
+    def remove_excluded_exception(
+        self, exception: type[BaseException] | Callable[[Any], bool]
+    ) -> None:
         """Remove an exclusion; ``ValueError`` if it is not there."""
         with self._lock:
             excluded = list(self._excluded)
@@ -689,8 +713,9 @@ class CircuitBreaker:
             return permit, True
         return permit, permit == self._probe_gen
 
-    def _before_call(self, permit: int, func: Callable[..., Any], args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> None:
+    def _before_call(
+        self, permit: int, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         try:
             for listener in self._listeners:
                 listener.before_call(self, func, *args, **kwargs)

@@ -399,8 +399,12 @@ class _Core:
         return self.retry is not None and self.retry._applies(request)
 
     def prepare(
-        self, request: httpx.Request, dl: Optional[Deadline], attempt: int,
-        last: Optional[BaseException], timeouts: Any,
+        self,
+        request: httpx.Request,
+        dl: Optional[Deadline],
+        attempt: int,
+        last: Optional[BaseException],
+        timeouts: Any,
     ) -> None:
         """Before an attempt: refuse it past the deadline, else cut httpx's timeouts to it."""
         if dl is None:
@@ -415,9 +419,7 @@ class _Core:
             cut[name] = left if value is None else min(value, left)
         request.extensions = {**request.extensions, "timeout": cut}
 
-    def error_delay(
-        self, attempt: int, exc: Exception, dl: Optional[Deadline]
-    ) -> Optional[float]:
+    def error_delay(self, attempt: int, exc: Exception, dl: Optional[Deadline]) -> Optional[float]:
         """Attempt ``attempt`` raised ``exc``: the wait before the next one, or None to raise."""
         if isinstance(exc, CircuitOpenError) or not self.is_failure(exc):
             return None

@@ -206,27 +206,29 @@ class BreakerCollector:
         p = PREFIX
         f: dict[str, _Family] = {
             "breaker_state": GaugeMetricFamily(
-                f"{p}_breaker_state", "1 for the breaker's current state, 0 for the others",
+                f"{p}_breaker_state",
+                "1 for the breaker's current state, 0 for the others",
                 labels=["name", "state"],
             ),
         }
         for field, part, doc in _COUNTERS:
-            f[f"breaker_{field}"] = CounterMetricFamily(
-                f"{p}_breaker_{part}", doc, labels=["name"]
-            )
+            f[f"breaker_{field}"] = CounterMetricFamily(f"{p}_breaker_{part}", doc, labels=["name"])
         f["breaker_consecutive"] = GaugeMetricFamily(
-            f"{p}_breaker_consecutive_failures", "Consecutive failures while CLOSED",
+            f"{p}_breaker_consecutive_failures",
+            "Consecutive failures while CLOSED",
             labels=["name"],
         )
         f["breaker_failure_rate"] = GaugeMetricFamily(
-            f"{p}_breaker_failure_rate", "Failed share of the window (window mode only)",
+            f"{p}_breaker_failure_rate",
+            "Failed share of the window (window mode only)",
             labels=["name"],
         )
         f["map_keys"] = GaugeMetricFamily(
             f"{p}_map_keys", "Breakers held by the map", labels=["map"]
         )
         f["map_open_keys"] = GaugeMetricFamily(
-            f"{p}_map_open_keys", "Held breakers that are OPEN, HALF_OPEN or ISOLATED",
+            f"{p}_map_open_keys",
+            "Held breakers that are OPEN, HALF_OPEN or ISOLATED",
             labels=["map", "state"],
         )
         f["map_evicted"] = CounterMetricFamily(
@@ -236,7 +238,8 @@ class BreakerCollector:
             f"{p}_map_suppressed_trips", "Trips refused by max_open_ratio", labels=["map"]
         )
         f["map_untracked"] = CounterMetricFamily(
-            f"{p}_map_untracked", "New keys given a breaker the full map could not hold",
+            f"{p}_map_untracked",
+            "New keys given a breaker the full map could not hold",
             labels=["map"],
         )
         for field, part, doc in _COUNTERS:
