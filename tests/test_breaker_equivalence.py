@@ -2,8 +2,10 @@
 
 A hypothesis state machine builds one breaker per implementation with the same random options
 and fake clocks, applies the same random operations to both (raw allow/record, permit-based
-call outcomes that may arrive late, clock advances, trip/reset/isolate) and compares every
-decision, the state, ``retry_after`` and the full metrics snapshot after each step.
+call outcomes that may arrive late, guarded calls through a ``failure_on`` predicate that may
+raise, clock advances, a clock that returns garbage for a while, trip/reset/isolate) and
+compares every decision and every error, the state, ``retry_after`` and the full metrics
+snapshot after each step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,45 @@ pytestmark = pytest.mark.skipif(
 )
 
 OUTCOMES = st.sampled_from([0, 1, 2, 3])  # success, slow, failure, neutral
+BAD_READINGS = st.sampled_from([-1, 2**63, None, "1", 1.5, True])
+
+
+class Boom(Exception):
+    pass
+
+
+class Other(Exception):
+    pass
+
+
+class Weird(Exception):
+    """The predicate raises on it (a failure, logged)."""
+
+
+def predicate(exc: BaseException) -> bool:
+    if isinstance(exc, Weird):
+        raise RuntimeError("the predicate itself fails")
+    return isinstance(exc, Boom)
+
+
+class HostileClock(FakeClock):
+    """A fake clock that can return a reading the cores must refuse."""
+
+    bad: object = None
+    broken = False
+
+    def __call__(self) -> int:
+        if self.broken:
+            return self.bad  # type: ignore[return-value]
+        return super().__call__()
+
+
+def outcome_of(fn):
+    """The result of ``fn()``, or the type of what it raised: compared between the cores."""
+    try:
+        return ("ok", fn())
+    except Exception as e:
+        return ("raised", type(e).__name__)
 
 
 class SameBehaviour(RuleBasedStateMachine):
@@ -38,6 +79,7 @@ class SameBehaviour(RuleBasedStateMachine):
         successes=st.integers(1, 3),
         probe_timeout=st.sampled_from([None, 2, 7]),
         events=st.booleans(),
+        use_predicate=st.booleans(),
     )
     def build(
         self,
@@ -53,6 +95,7 @@ class SameBehaviour(RuleBasedStateMachine):
         successes,
         probe_timeout,
         events,
+        use_predicate,
     ):
         from fastbreaker import _breaker_c
 
@@ -68,8 +111,9 @@ class SameBehaviour(RuleBasedStateMachine):
             success_threshold=successes,
             max_reset_timeout=max(max_reset, reset_timeout) if max_reset else None,
             probe_timeout=probe_timeout,
+            failure_on=predicate if use_predicate else (Boom, Weird),
         )
-        self.clocks = [FakeClock(10**12), FakeClock(10**12)]
+        self.clocks = [HostileClock(10**12), HostileClock(10**12)]
         self.breakers = [
             _breaker_c.CircuitBreaker(**kw, clock=self.clocks[0]),
             _breaker_py.CircuitBreaker(**kw, clock=self.clocks[1]),
@@ -81,9 +125,28 @@ class SameBehaviour(RuleBasedStateMachine):
         self.permits = []  # pairs of permits (c, python) of calls still running
 
     def both(self, fn):
-        a, b = (fn(x) for x in self.breakers)
+        a, b = (outcome_of(lambda x=x: fn(x)) for x in self.breakers)
         assert a == b
         return a
+
+    @rule(kind=st.sampled_from(["return", "Boom", "Other", "Weird"]))
+    def call(self, kind):
+        def fn():
+            if kind != "return":
+                raise {"Boom": Boom, "Other": Other, "Weird": Weird}[kind]()
+            return 1
+
+        self.both(lambda b: b.call(fn))
+
+    @rule(bad=BAD_READINGS)
+    def clock_goes_bad(self, bad):
+        for c in self.clocks:
+            c.bad, c.broken = bad, True
+
+    @rule()
+    def clock_recovers(self):
+        for c in self.clocks:
+            c.broken = False
 
     @rule()
     def allow(self):
@@ -102,8 +165,8 @@ class SameBehaviour(RuleBasedStateMachine):
         def take(b):
             try:
                 return b._permit_or_raise()
-            except Exception as e:  # CircuitOpenError
-                return (type(e).__name__, e.state, e.retry_after)
+            except Exception as e:  # CircuitOpenError, or the clock's error
+                return (type(e).__name__, getattr(e, "state", None), getattr(e, "retry_after", 0))
 
         a = take(self.breakers[0])
         p = take(self.breakers[1])
@@ -117,8 +180,9 @@ class SameBehaviour(RuleBasedStateMachine):
             return
         i = data.draw(st.integers(0, len(self.permits) - 1))
         a, p = self.permits.pop(i)
-        self.breakers[0]._finish(a, outcome)
-        self.breakers[1]._finish(p, outcome)
+        ra = outcome_of(lambda: self.breakers[0]._finish(a, outcome))
+        rp = outcome_of(lambda: self.breakers[1]._finish(p, outcome))
+        assert ra == rp
 
     @rule(seconds=st.sampled_from([0.1, 0.5, 1, 2, 5, 13]))
     def advance(self, seconds):
@@ -143,7 +207,7 @@ class SameBehaviour(RuleBasedStateMachine):
             return
         c, p = self.breakers
         assert c.state == p.state
-        assert c.retry_after == p.retry_after
+        assert outcome_of(lambda: c.retry_after) == outcome_of(lambda: p.retry_after)
         assert c.metrics() == p.metrics()
         assert self.events[0] == self.events[1]
 

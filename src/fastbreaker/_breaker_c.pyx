@@ -738,12 +738,12 @@ cdef class CircuitBreaker:
     def record_success(self, elapsed=None):
         """Report a success; ``elapsed`` seconds (or timedelta) make it slow when over the limit."""
         cdef int outcome = FB_SUCCESS if elapsed is None else _calls.success_outcome(self, elapsed)
-        finish(self, raw_permit(&self.st), outcome)
+        finish(self, raw_permit(&self.st), outcome, True)
 
     @cython.binding(False)
     def record_failure(self):
         """Report a failure of a call admitted by ``allow()``."""
-        finish(self, raw_permit(&self.st), FB_FAILURE)
+        finish(self, raw_permit(&self.st), FB_FAILURE, True)
 
     # -- permit API used by _calls ------------------------------------------------------------
     def _permit_or_raise(self):
@@ -1016,14 +1016,21 @@ cdef int64_t acquire_or_reject_slow(CircuitBreaker self, int64_t permit, int tra
             raise
     return permit
 
-cdef object finish(CircuitBreaker self, int64_t permit, int outcome):
+cdef object finish(CircuitBreaker self, int64_t permit, int outcome, bint raw=False):
     cdef int trans = 0
     cdef int r
     cdef int64_t now = -1
     # A Python clock is read before anything is recorded when the outcome may need the time (it
-    # can trip or re-open), so that a clock that raises or returns garbage loses nothing.
+    # can trip or re-open), so that a clock that raises or returns garbage loses nothing: a raw
+    # record_*() records nothing and raises; a call path's permit is given back as neutral (a
+    # probe slot must not stay taken), then the clock's error propagates.
     if not live(self).use_c_clock and outcome != FB_NEUTRAL and (outcome != FB_SUCCESS or self.st.win != NULL):
-        now = now_of(self)
+        try:
+            now = now_of(self)
+        except BaseException:
+            if not raw:
+                finish(self, permit, FB_NEUTRAL)
+            raise
     r = release(&self.st, permit, outcome, now, &trans)
     if r == FB_NEED_CLOCK_:
         r = release(&self.st, permit, outcome, now_of(self), &trans)

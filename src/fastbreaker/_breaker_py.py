@@ -289,13 +289,22 @@ class CircuitBreaker:
                 self._rejected += 1
             return permit, trans
 
-    def _release(self, permit: int, outcome: int) -> Optional[tuple[State, State]]:
+    def _release(
+        self, permit: int, outcome: int, raw: bool = False
+    ) -> Optional[tuple[State, State]]:
         """Record the outcome of the call admitted with ``permit`` (see module docstring)."""
         # The clock is read before anything is recorded when the outcome may need the time (it
-        # can trip or re-open), so that a clock that raises or returns garbage loses nothing.
+        # can trip or re-open), so that a clock that raises or returns garbage loses nothing: a
+        # raw record_*() records nothing and raises; a call path's permit is given back as
+        # neutral (a probe slot must not stay taken), then the clock's error propagates.
         now = 0
         if outcome != OUT_NEUTRAL and (outcome != OUT_SUCCESS or self._ring is not None):
-            now = self._now()
+            try:
+                now = self._now()
+            except BaseException:
+                if not raw:
+                    self._fire(self._release(permit, OUT_NEUTRAL))
+                raise
         with self._lock:
             if permit != self._gen or self._state not in (CLOSED, HALF_OPEN):
                 self._stale += 1
@@ -396,11 +405,11 @@ class CircuitBreaker:
 
     def record_success(self, elapsed: Optional[Duration] = None) -> None:
         """Report a success; ``elapsed`` seconds (or timedelta) make it slow when over the limit."""
-        self._fire(self._release(self._raw_permit(), _calls.success_outcome(self, elapsed)))
+        self._fire(self._release(self._raw_permit(), _calls.success_outcome(self, elapsed), raw=True))
 
     def record_failure(self) -> None:
         """Report a failure of a call admitted by ``allow()``."""
-        self._fire(self._release(self._raw_permit(), OUT_FAILURE))
+        self._fire(self._release(self._raw_permit(), OUT_FAILURE, raw=True))
 
     # -- call paths ----------------------------------------------------------------------------
     def _admit(self) -> int:
