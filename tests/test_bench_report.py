@@ -170,6 +170,33 @@ def test_every_ratio_names_its_floor(report: dict[str, Any]) -> None:
     assert " x floor" not in out and "x floor " not in out  # no ratio to an unnamed floor
 
 
+def test_bulkhead_section(report: dict[str, Any]) -> None:
+    part = report["data"]["sections"]["bulkheads"]
+    keys = [row["key"] for row in part["rows"]]
+    expected = ["fastbreaker_py", "stdlib_bounded_semaphore", "stdlib_asyncio_semaphore", "floor"]
+    expected += [p for p in ("anyio", "pyresilience") if importlib.util.find_spec(p)]
+    if fastbreaker.COMPILED:
+        expected.append("fastbreaker")
+    assert sorted(keys) == sorted(expected)
+    for column in ("try_release_ns", "with_ns", "call_ns", "async_ns", "x_floor", "x_with"):
+        assert column in part["columns"]
+    rows = {row["key"]: row for row in part["rows"]}
+    for metric in ("try_release_ns", "with_ns", "call_ns", "async_ns"):
+        assert isinstance(rows["fastbreaker_py"][metric], float)
+    sem = rows["stdlib_bounded_semaphore"]
+    assert isinstance(sem["with_ns"], float) and sem["async_ns"] is None
+    assert isinstance(rows["stdlib_asyncio_semaphore"]["async_ns"], float)
+    if rows["floor"]["try_release_ns"] > 0:
+        assert rows["floor"]["x_floor"] == pytest.approx(1.0)
+    out = report["proc"].stdout
+    assert "bulkheads: ns per operation" in out and "x Floor() pair" in out
+    for row in part["rows"]:
+        assert row["label"] in out
+    if fastbreaker.COMPILED:
+        assert "fastbreaker Bulkhead (compiled), from the bulkhead tables:" in out
+        assert "the floor Floor().allow(); Floor().record_success()" in out
+
+
 def _result(report: dict[str, Any], **cells: dict[str, float]) -> dict[str, Any]:
     """The fixture's run with some cells replaced: ``_result(r, floor={"allow_ns": 10.0})``."""
     data = copy.deepcopy(report["data"])
@@ -225,6 +252,15 @@ def test_targets_compare_unrounded_ratios() -> None:
     lines = _targets.target_lines(result)
     assert any("allow() in CLOSED" in ln and "1.150000" in ln and "MISSED" in ln for ln in lines)
     assert _targets.target_lines(dict(result, check_targets=False)) == []
+    # a further section's target is a ratio to its own floor row, and its line names that floor
+    bh_floor = _section.System("floor", "floor", "0", {}, {}, {}, results={"try_release_ns": 20.0})
+    bh = _section.System("fastbreaker", "fb", "0", {}, {}, {}, results={"try_release_ns": 55.0})
+    targets = _targets.compute_targets([fb, floor], 0.0, {"bulkheads": [bh, bh_floor]})
+    check = targets["checks"][-1]
+    assert check["what"] == "Bulkhead try_acquire() + release()"
+    assert check["x_floor"] == pytest.approx(2.75) and check["met"] is False
+    lines = _targets.target_lines({"targets": targets, "check_targets": True})
+    assert "the floor Floor().allow(); Floor().record_success() (20.0 ns)" in " ".join(lines)
 
 
 def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
@@ -240,7 +276,7 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     for what in missed:
         assert what in proc.stderr
     verdicts = [ln for ln in proc.stdout.splitlines() if "target <=" in ln]
-    assert len(verdicts) == 4
+    assert len(verdicts) == 5  # four for the breaker, one for the bulkhead
     assert sum("MISSED" in ln for ln in verdicts) == len(missed)
 
 

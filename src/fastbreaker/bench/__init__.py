@@ -29,7 +29,9 @@ the report runs, and each is optional.
 
 The modules, one job each: ``_timing`` (the timed loops, calibration, interleaved rounds),
 ``_section`` (what a section is: its systems and measurements), ``_breakers`` (the breaker
-section: fastbreaker, the floor and each peer), ``_registry`` (the list of sections),
+section: fastbreaker, the floor and each peer), ``_bulkheads`` (the bulkhead section: Bulkhead
+against the floor, the standard library's semaphores, anyio and pyresilience), ``_registry``
+(the list of sections),
 ``_run`` (orchestration), ``_targets`` (the developers' targets), ``_format`` and ``_render``
 (text, Markdown, chart), ``_cli`` (the options); ``_floor_c`` is the compiled floor.
 """

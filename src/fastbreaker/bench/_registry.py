@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import _breakers
+from . import _breakers, _bulkheads
 from ._section import Section
 
 SECTIONS: list[Section] = [
     _breakers.SECTION,
+    _bulkheads.SECTION,
 ]
 
 

@@ -199,7 +199,11 @@ def _run(
             "making one guarded call per host, divided by the hosts (keys created beforehand)",
         },
         **_section_result(first, first_systems, first_skipped),
-        "targets": compute_targets(first_systems, baselines_ns["loop iteration"]),
+        "targets": compute_targets(
+            first_systems,
+            baselines_ns["loop iteration"],
+            {section.key: systems for section, systems, _ in rest},
+        ),
     }
     if rest:
         result["sections"] = {
@@ -212,7 +216,11 @@ def _run(
 def _versions(systems: Sequence[System]) -> dict[str, str]:
     from .. import __version__
 
-    peers = {s.key: s.version for s in systems if not s.key.startswith(("fastbreaker", "floor"))}
+    peers = {
+        s.key: s.version
+        for s in systems
+        if not s.key.startswith(("fastbreaker", "floor", "stdlib"))
+    }
     return {"python": platform.python_version(), "fastbreaker": __version__, **peers}
 
 
