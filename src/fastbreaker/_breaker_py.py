@@ -405,7 +405,9 @@ class CircuitBreaker:
 
     def record_success(self, elapsed: Optional[Duration] = None) -> None:
         """Report a success; ``elapsed`` seconds (or timedelta) make it slow when over the limit."""
-        self._fire(self._release(self._raw_permit(), _calls.success_outcome(self, elapsed), raw=True))
+        self._fire(
+            self._release(self._raw_permit(), _calls.success_outcome(self, elapsed), raw=True)
+        )
 
     def record_failure(self) -> None:
         """Report a failure of a call admitted by ``allow()``."""
