@@ -397,7 +397,8 @@ class CircuitBreaker:
         return self._admit() >= 0
 
     def _raw_permit(self) -> int:
-        # Raw outcomes belong to the current generation when it can take them (rule 5).
+        # Raw outcomes belong to the current generation when it can take them: CLOSED, or
+        # HALF_OPEN with a probe outstanding (the README, "Generations").
         with self._lock:
             if self._state == CLOSED or (self._state == HALF_OPEN and self._inflight):
                 return self._gen
