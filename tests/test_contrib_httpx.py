@@ -463,7 +463,9 @@ def test_default_breakers_are_a_bounded_map(hosts):
 def test_threads_share_one_transport(fb, clock, hosts):
     m = fb.BreakerMap(clock=clock)
     errors: list[BaseException] = []
-    with client_for(BreakerTransport(breakers=m)) as client:
+    # Not a test of timeouts: a generous read timeout, so that 6 threads on a loaded machine (or
+    # a free-threaded build) never see the 0.1 s one meant for the slow hosts.
+    with httpx.Client(transport=BreakerTransport(breakers=m), timeout=10.0) as client:
 
         def work() -> None:
             try:
