@@ -20,7 +20,14 @@ from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, Typ
 
 from . import _calls
 from ._durations import read_clock
-from ._errors import CircuitOpenError, State, label_name, not_copyable
+from ._errors import (
+    CircuitOpenError,
+    State,
+    is_uninitialised,
+    label_name,
+    not_copyable,
+    uninitialised,
+)
 from ._metrics import Metrics
 from ._options import (
     OUT_FAILURE,
@@ -122,6 +129,11 @@ class Config:
         self.options.update_from(options)
 
 
+_NOT_INITIALISED = "this CircuitBreaker was never initialised (made with __new__ without __init__)"
+# The slots every public path reads first (the lock, the config, the state, the label).
+_GUARDED = ("_config", "_lock", "_state", "_label")
+
+
 @final
 class CircuitBreaker:
     """A circuit breaker: lock-free in the compiled core, this twin guards its state with a lock.
@@ -162,13 +174,11 @@ class CircuitBreaker:
         # The compiled class is final; the twin behaves the same.
         raise TypeError("CircuitBreaker cannot be subclassed: wrap it or register callbacks")
 
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when a slot is unset: the object was made with __new__ without __init__.
-        if name in CircuitBreaker.__slots__:
-            raise RuntimeError(
-                "this CircuitBreaker was never initialised (made with __new__ without __init__)"
-            )
-        raise AttributeError(f"'CircuitBreaker' object has no attribute {name!r}")
+    def __new__(cls, *args: Any, **kwargs: Any) -> "CircuitBreaker":
+        # Until __init__ (or _from_config) runs, what every path touches first fails clearly.
+        self = object.__new__(cls)
+        uninitialised(self, _GUARDED, _NOT_INITIALISED)
+        return self
 
     def __copy__(self) -> Any:
         raise not_copyable(self)
@@ -182,11 +192,7 @@ class CircuitBreaker:
     @signature_of(BreakerOptions.__init__)
     def __init__(self, *args: Any, **options: Any) -> None:
         """Every option is documented, validated and spelled out once: ``BreakerOptions``."""
-        try:
-            self._config
-        except RuntimeError:
-            pass
-        else:
+        if not is_uninitialised(self._config):
             raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
         validated = BreakerOptions(*args, **options)
         self._setup(Config(validated), validated.name)
@@ -496,11 +502,17 @@ class CircuitBreaker:
     @property
     def state(self) -> State:
         """The stored state (reading it never makes a transition)."""
-        return self._state
+        state = self._state
+        if type(state) is not State:  # made with __new__: the placeholder
+            raise RuntimeError(_NOT_INITIALISED)
+        return state
 
     @property
     def name(self) -> Optional[str]:
-        return label_name(self._label)
+        label = self._label
+        if is_uninitialised(label):
+            raise RuntimeError(_NOT_INITIALISED)
+        return label_name(label)
 
     @property
     def retry_after(self) -> float:
@@ -573,8 +585,6 @@ class CircuitBreaker:
         self._config = config
 
     def __repr__(self) -> str:
-        try:
-            self._config
-        except RuntimeError:
+        if is_uninitialised(self._config):
             return "<CircuitBreaker (not initialised)>"
         return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import final
 
 from ._durations import check_clock, read_clock
-from ._errors import not_copyable
+from ._errors import is_uninitialised, not_copyable, uninitialised
 from ._options import TOKEN_UNIT as UNIT, budget_units
 
 __all__ = ["RetryBudget"]
@@ -30,11 +30,7 @@ _US_PER_SEC = 1_000_000
 
 
 def _initialised(obj: object) -> bool:
-    try:
-        obj._lock  # type: ignore[attr-defined]
-    except RuntimeError:
-        return False
-    return True
+    return not is_uninitialised(obj._lock)  # type: ignore[attr-defined]
 
 
 def _accrued(elapsed_us: int, rate: int, capacity: int) -> int:
@@ -74,13 +70,15 @@ class RetryBudget:
         # The compiled class is final; the twin behaves the same.
         raise TypeError("RetryBudget cannot be subclassed")
 
-    def __getattr__(self, name: str) -> object:
-        # Reached only when a slot is unset: the object was made with __new__ without __init__.
-        if name in RetryBudget.__slots__:
-            raise RuntimeError(
-                "this RetryBudget was never initialised (made with __new__ without __init__)"
-            )
-        raise AttributeError(f"'RetryBudget' object has no attribute {name!r}")
+    def __new__(cls, *args: object, **kwargs: object) -> "RetryBudget":
+        # Until __init__ runs, every slot holds a placeholder that fails clearly when touched.
+        self = object.__new__(cls)
+        uninitialised(
+            self,
+            RetryBudget.__slots__[:-1],
+            "this RetryBudget was never initialised (made with __new__ without __init__)",
+        )
+        return self
 
     def __copy__(self) -> object:
         raise not_copyable(self)

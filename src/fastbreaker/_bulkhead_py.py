@@ -18,7 +18,7 @@ from . import _bulkhead as _b
 from ._bulkhead import BulkheadMetrics
 from ._deadline import current_var
 from ._durations import Seconds, read_clock
-from ._errors import not_copyable
+from ._errors import is_uninitialised, not_copyable, uninitialised
 from ._limit_gradient import Gradient
 
 __all__ = ["AdaptiveLimiter", "Bulkhead", "BulkheadMetrics"]
@@ -27,11 +27,7 @@ T = TypeVar("T")
 
 
 def _initialised(obj: object) -> bool:
-    try:
-        obj._ready  # type: ignore[attr-defined]
-    except RuntimeError:
-        return False
-    return True
+    return not is_uninitialised(obj._ready)  # type: ignore[attr-defined]
 
 
 class _Slots:
@@ -70,13 +66,16 @@ class _Slots:
         self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
         self._ready = True
 
-    def __getattr__(self, name: str) -> object:
-        if name in _Slots.__slots__ or name in type(self).__slots__:
-            raise RuntimeError(
-                f"this {type(self).__name__} was never initialised (made with __new__ without "
-                f"__init__)"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def __new__(cls, *args: object, **kwargs: object) -> Any:
+        # Until __init__ runs, every slot holds a placeholder that fails clearly when touched.
+        self = object.__new__(cls)
+        slots = tuple(n for n in _Slots.__slots__ + cls.__slots__ if n != "__weakref__")
+        uninitialised(
+            self,
+            slots,
+            f"this {cls.__name__} was never initialised (made with __new__ without __init__)",
+        )
+        return self
 
     def __copy__(self) -> object:
         raise not_copyable(self)

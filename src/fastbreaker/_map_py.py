@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import types
 from typing import (
-    TYPE_CHECKING,
     Any,
     Awaitable,
     Callable,
@@ -23,6 +22,7 @@ from typing import (
 
 from . import _breaker_py
 from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
+from ._errors import uninitialised
 from ._map_steps import (
     CB,
     CLOSED,
@@ -206,13 +206,11 @@ class BreakerMap:
         # The compiled class is final; the twin behaves the same.
         raise TypeError("BreakerMap cannot be subclassed: wrap it or register callbacks")
 
-    if not TYPE_CHECKING:  # hidden from type checkers: it would make every attribute valid
-
-        def __getattr__(self, name: str) -> Any:
-            # Reached only when a slot is unset: the object was made with __new__, not __init__.
-            if name in BreakerMap.__slots__:
-                raise _uninitialised()
-            raise AttributeError(f"'BreakerMap' object has no attribute {name!r}")
+    def __new__(cls, *args: Any, **kwargs: Any) -> "BreakerMap":
+        # Until __init__ runs, every slot holds a placeholder that fails clearly when touched.
+        self = object.__new__(cls)
+        uninitialised(self, BreakerMap.__slots__[:-1], str(_uninitialised()))
+        return self
 
     # One rule on both cores: a map is neither copied nor pickled (its breakers are live state).
     __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _refuse_copy

@@ -32,7 +32,7 @@ import weakref
 from typing import Any, Callable, Hashable, Iterator, Optional, TypeVar
 
 from ._durations import check_count, check_rate
-from ._errors import State, not_copyable
+from ._errors import State, is_uninitialised, not_copyable
 from ._metrics import Metrics
 from ._options import BreakerOptions
 
@@ -240,10 +240,8 @@ def _new(m: Any, key: Hashable) -> Any:
 
 
 def _initialised(m: Any) -> bool:
-    try:
-        return m._config is not None
-    except RuntimeError:  # the twin's unset slot
-        return False
+    config = m._config  # None in a fresh compiled map, a placeholder in a fresh twin
+    return config is not None and not is_uninitialised(config)
 
 
 def _uninitialised() -> RuntimeError:
