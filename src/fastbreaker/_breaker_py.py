@@ -12,6 +12,7 @@ generation) from a normal call (CLOSED generation).
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from fractions import Fraction
@@ -36,6 +37,7 @@ from ._options import (
     OUT_SUCCESS,
     BreakerOptions,
     Duration,
+    class_signature,
     signature_of,
 )
 
@@ -588,3 +590,7 @@ class CircuitBreaker:
         if is_uninitialised(self._config):
             return "<CircuitBreaker (not initialised)>"
         return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"
+
+
+# inspect.signature() and help() show the constructor's parameters, not __new__'s *args/**kwargs.
+CircuitBreaker.__signature__ = class_signature(inspect.signature(CircuitBreaker.__init__))  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ same integer arithmetic and give identical results; every intermediate value sta
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import final
 
 from ._durations import check_clock, read_clock
 from ._errors import is_uninitialised, not_copyable, uninitialised
-from ._options import TOKEN_UNIT as UNIT, budget_units
+from ._options import TOKEN_UNIT as UNIT, budget_units, class_signature
 
 __all__ = ["RetryBudget"]
 
@@ -164,3 +165,7 @@ class RetryBudget:
             f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
             f"min_per_sec={self.min_per_sec!r}, tokens={float(self._tokens) / UNIT!r})"
         )
+
+
+# inspect.signature() and help() show the constructor's parameters, not __new__'s *args/**kwargs.
+RetryBudget.__signature__ = class_signature(inspect.signature(RetryBudget.__init__))  # type: ignore[attr-defined]

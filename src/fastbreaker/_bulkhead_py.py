@@ -8,6 +8,7 @@ call paths are shared by both cores and live in ``_bulkhead``; the AIMD step is
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from ._deadline import current_var
 from ._durations import Seconds, read_clock
 from ._errors import is_uninitialised, not_copyable, uninitialised
 from ._limit_gradient import Gradient
+from ._options import class_signature
 
 __all__ = ["AdaptiveLimiter", "Bulkhead", "BulkheadMetrics"]
 
@@ -448,3 +450,8 @@ class AdaptiveLimiter(_Slots):
             f"AdaptiveLimiter(limit={self._limit!r}, algorithm={alg!r}, name={self._name!r}, "
             f"in_flight={self._in_flight}, waiting={self._waiting})"
         )
+
+
+# inspect.signature() and help() show the constructors' parameters, not __new__'s *args/**kwargs.
+Bulkhead.__signature__ = class_signature(inspect.signature(Bulkhead.__init__))  # type: ignore[attr-defined]
+AdaptiveLimiter.__signature__ = class_signature(inspect.signature(AdaptiveLimiter.__init__))  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ from ._map_steps import (
     _uninitialised,
     map_signature,
 )
-from ._options import BreakerOptions, Duration
+from ._options import BreakerOptions, Duration, class_signature
 
 __all__ = ["BreakerMap", "MapMetrics"]
 
@@ -254,3 +254,6 @@ class BreakerMap:
 
 
 BreakerMap.__init__.__signature__ = map_signature()  # type: ignore[attr-defined]
+
+# inspect.signature() and help() show the constructor's parameters, not __new__'s *args/**kwargs.
+BreakerMap.__signature__ = class_signature(map_signature())  # type: ignore[attr-defined]
