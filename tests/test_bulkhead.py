@@ -1,7 +1,7 @@
 """Bulkhead and AdaptiveLimiter on both cores: admission, release, waiting, FIFO handoff,
 deadlines, cancellation, call paths, validation and composition with breakers and retries.
 
-Thread tests wait for a state (``waiting == n``) by yielding the CPU (``time.sleep(0)``), never
+Thread tests wait for a state (``waiting == n``) by yielding the CPU (``_yield_cpu()``), never
 by sleeping for a duration; wake-ups are the library's own (a lock or a future per waiter).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
 import threading
 import time
 import types
@@ -22,13 +23,19 @@ from fastbreaker import _bulkhead
 from fastbreaker.testing import FakeClock
 
 
+def _yield_cpu() -> None:
+    """Let other threads run (no timed sleep: nothing waits for a duration)."""
+    if hasattr(os, "sched_yield"):
+        os.sched_yield()
+
+
 def until(cond: Any, what: str = "condition", limit_s: float = 10.0) -> None:
     """Yield the CPU until ``cond()`` holds (a safety bound only; no timed sleep)."""
     end = time.monotonic() + limit_s
     while not cond():
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0)
+        _yield_cpu()
 
 
 class Waiters:
