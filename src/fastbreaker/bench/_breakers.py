@@ -12,8 +12,7 @@ import datetime
 import importlib
 from typing import Any, Mapping, Optional, Sequence
 
-from ._format import fmt, ratio, times
-from ._section import Section, System, dict_of, expect_raises, peer, version
+from ._section import Section, System, dict_of, expect_raises, peer, summary_lines, version
 from ._timing import Boom, af, boom, f
 
 OPEN_SECONDS = 3600  # the open period of every tripped breaker: it stays open while measured
@@ -349,31 +348,17 @@ def _ratios(systems: Sequence[System]) -> None:
 
 def _summary(result: Mapping[str, Any]) -> list[str]:
     """What the user came for: the compiled core against the floors and against each peer."""
-    rows = {row["key"]: row for row in result["rows"]}
-    fb, floor = rows.get("fastbreaker"), rows.get("floor")
-    if fb is None:
-        return ["The compiled core is not in this run, so there is nothing to compare it with."]
-    out = ["fastbreaker (compiled), from the tables above:"]
-    if floor is not None:
-        for key, what, floor_what in [
+    return summary_lines(
+        result,
+        title="fastbreaker (compiled), from the tables above:",
+        missing="The compiled core is not in this run, so there is nothing to compare it with.",
+        floors=[
             ("allow_ns", "allow() in CLOSED", "Floor().allow()"),
             ("call_ns", "call(f)-f()", "Floor().call(f)-f()"),
-        ]:
-            out.append(
-                f"  {what}: {fmt(key, fb[key])} ns = {times(ratio(fb[key], floor[key]))} "
-                f"the floor {floor_what} ({fmt(key, floor[key])} ns)"
-            )
-    others = [r for r in result["rows"] if r["key"] not in ("fastbreaker", "floor")]
-    if others:
-        out.append("  the others' cost as a multiple of fastbreaker (compiled)'s (higher: slower):")
-    for row in others:
-        cells = []
-        for key, what in PEER_RATIOS:
-            r = ratio(row.get(key), fb.get(key))
-            if r is not None:
-                cells.append(f"{what} {times(r)}")
-        out.append(f"    {row['label']}: {', '.join(cells) or 'n/a'}")
-    return out
+        ],
+        others_header="  the others' cost as a multiple of fastbreaker (compiled)'s (higher: slower):",
+        peer_ratios=PEER_RATIOS,
+    )
 
 
 def _notes(result: Mapping[str, Any]) -> list[str]:

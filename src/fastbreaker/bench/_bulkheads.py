@@ -14,8 +14,8 @@ import platform
 import threading
 from typing import Any, Mapping, Optional, Sequence
 
-from ._format import fmt, ratio, times
-from ._section import Section, System, peer, version
+from ._format import ratio
+from ._section import Section, System, peer, summary_lines, version
 from ._timing import af, f
 
 SLOTS = 10  # every bulkhead's capacity: never full while measured
@@ -215,35 +215,21 @@ def _ratios(systems: Sequence[System]) -> None:
 
 def _summary(result: Mapping[str, Any]) -> list[str]:
     """The compiled Bulkhead against the floor and against each peer."""
-    rows = {row["key"]: row for row in result["rows"]}
-    fb, floor = rows.get("fastbreaker"), rows.get("floor")
-    if fb is None:
-        return ["", "The compiled Bulkhead is not in this run, so there is nothing to compare."]
-    out = ["", "fastbreaker Bulkhead (compiled), from the bulkhead tables:"]
-    if floor is not None:
-        for key, what, floor_what in [
+    return [""] + summary_lines(
+        result,
+        title="fastbreaker Bulkhead (compiled), from the bulkhead tables:",
+        missing="The compiled Bulkhead is not in this run, so there is nothing to compare.",
+        floors=[
             (
                 "try_release_ns",
                 "try_acquire()+release()",
                 "Floor().allow(); Floor().record_success()",
             ),
             ("call_ns", "call(f)-f()", "Floor().call(f)-f()"),
-        ]:
-            out.append(
-                f"  {what}: {fmt(key, fb[key])} ns = {times(ratio(fb[key], floor[key]))} "
-                f"the floor {floor_what} ({fmt(key, floor[key])} ns)"
-            )
-    others = [r for r in result["rows"] if r["key"] not in ("fastbreaker", "floor")]
-    if others:
-        out.append("  the others' cost as a multiple of fastbreaker Bulkhead (compiled)'s:")
-    for row in others:
-        cells = []
-        for key, what in PEER_RATIOS:
-            r = ratio(row.get(key), fb.get(key))
-            if r is not None:
-                cells.append(f"{what} {times(r)}")
-        out.append(f"    {row['label']}: {', '.join(cells) or 'n/a'}")
-    return out
+        ],
+        others_header="  the others' cost as a multiple of fastbreaker Bulkhead (compiled)'s:",
+        peer_ratios=PEER_RATIOS,
+    )
 
 
 def _notes(result: Mapping[str, Any]) -> list[str]:

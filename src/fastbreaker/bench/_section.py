@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from ._format import fmt, ratio, times
 from ._timing import f
 
 
@@ -104,3 +105,39 @@ def dict_of(make: Callable[[], Any]) -> Callable[[list[str]], dict[str, Any]]:
         return {"d": d}
 
     return build_hosts
+
+
+def summary_lines(
+    result: Mapping[str, Any],
+    *,
+    title: str,
+    missing: str,
+    floors: Sequence[tuple[str, str, str]],
+    others_header: str,
+    peer_ratios: Sequence[tuple[str, str]],
+) -> list[str]:
+    """What a section's reader came for: fastbreaker's row against the floor row, then each other
+    row's cost as a multiple of fastbreaker's. ``floors`` is ``(metric, what, the floor's
+    operation)``; ``peer_ratios`` is ``(metric, what)``."""
+    rows = {row["key"]: row for row in result["rows"]}
+    fb, floor = rows.get("fastbreaker"), rows.get("floor")
+    if fb is None:
+        return [missing]
+    out = [title]
+    if floor is not None:
+        for key, what, floor_what in floors:
+            out.append(
+                f"  {what}: {fmt(key, fb[key])} ns = {times(ratio(fb[key], floor[key]))} "
+                f"the floor {floor_what} ({fmt(key, floor[key])} ns)"
+            )
+    others = [r for r in result["rows"] if r["key"] not in ("fastbreaker", "floor")]
+    if others:
+        out.append(others_header)
+    for row in others:
+        cells = []
+        for key, what in peer_ratios:
+            r = ratio(row.get(key), fb.get(key))
+            if r is not None:
+                cells.append(f"{what} {times(r)}")
+        out.append(f"    {row['label']}: {', '.join(cells) or 'n/a'}")
+    return out
