@@ -363,16 +363,25 @@ def _refused(core: Any, w: Waiter, reason: int, start: int) -> BaseException:
     return BulkheadFullError(core._name, core._cap(), waited)
 
 
-def acquire(core: Any) -> None:
-    """Blocking acquisition for ``with`` and ``call`` (their fast path covers only the case with
-    no current deadline and a free slot). Waits up to ``max_wait`` and the current deadline."""
+def _acquired_without_waiting(core: Any) -> bool:
+    """The part of an acquisition that never waits, shared by threads and tasks: an expired
+    deadline raises, ``max_wait=0`` takes a free slot or raises ``BulkheadFullError``. False
+    when the caller is to wait."""
     dl = current_var.get()
     if dl is not None and dl.expired():
         raise expired_error(core)
     if core._max_wait <= 0:
         if core.try_acquire():
-            return
+            return True
         raise BulkheadFullError(core._name, core._cap(), 0.0)
+    return False
+
+
+def acquire(core: Any) -> None:
+    """Blocking acquisition for ``with`` and ``call`` (their fast path covers only the case with
+    no current deadline and a free slot). Waits up to ``max_wait`` and the current deadline."""
+    if _acquired_without_waiting(core):
+        return
     start = core._now()
     lock = threading.Lock()
     lock.acquire()
@@ -399,13 +408,8 @@ def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
 
 async def acquire_async(core: Any) -> None:
     """``acquire`` for a task: the wait is a future on the task's own loop."""
-    dl = current_var.get()
-    if dl is not None and dl.expired():
-        raise expired_error(core)
-    if core._max_wait <= 0:
-        if core.try_acquire():
-            return
-        raise BulkheadFullError(core._name, core._cap(), 0.0)
+    if _acquired_without_waiting(core):
+        return
     start = core._now()
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[bool] = loop.create_future()

@@ -108,15 +108,11 @@ class _Slots:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits for one; never waits."""
+        if self._try_admit():
+            return True
         with self._lock:
-            if self._waiting == 0 and self._in_flight < self._cap():
-                self._in_flight += 1
-                self._admitted += 1
-                if self._in_flight > self._peak:
-                    self._peak = self._in_flight
-                return True
             self._rejected += 1
-            return False
+        return False
 
     def _release_slot(self) -> None:
         with self._lock:
