@@ -7,6 +7,7 @@ import datetime
 import inspect
 import itertools
 import os
+import pickle
 import threading
 import time
 import types
@@ -214,6 +215,38 @@ def test_methods_can_be_decorated(fb: types.SimpleNamespace) -> None:
     c = Client()
     assert c.get("k") == "k"
     assert c.calls == 2
+
+
+def _module_level(x: int, *, y: int = 0) -> int:
+    return x + y
+
+
+def test_wrapper_behaves_as_a_function(fb: types.SimpleNamespace) -> None:
+    # The compiled wrapper is an extension type: it must pass for the twin's function everywhere
+    # a user would notice (keywords, binding on classes and instances, pickling by name).
+    wrapped = fb.retry(on=ConnectionError)(_module_level)
+    assert wrapped(1, y=2) == 3
+    assert wrapped(x=4) == 4
+    with pytest.raises(TypeError):
+        wrapped(1, 2)  # y is keyword-only: fn's own TypeError, not retried
+    assert wrapped.__qualname__ == "_module_level"
+    assert wrapped.__module__ == __name__
+    assert "_module_level" in repr(wrapped)
+
+    class K:
+        @fb.retry(on=ConnectionError)
+        def m(self, v: int) -> tuple[Any, int]:
+            return self, v
+
+    k = K()
+    assert k.m(5) == (k, 5)
+    assert K.m(k, 6) == (k, 6)  # looked up on the class: unbound, like a function
+    globals()["_pickled"] = wrapped
+    try:
+        wrapped.__qualname__ = "_pickled"
+        assert pickle.loads(pickle.dumps(wrapped)) is wrapped
+    finally:
+        del globals()["_pickled"]
 
 
 # --- validation -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import random as _random
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +38,7 @@ from . import _calls
 from ._deadline import Deadline, current_var, earlier
 from ._durations import Seconds, seconds_to_ns
 from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded
+from ._select import COMPILED
 
 __all__ = ["Attempt", "retry", "retrying"]
 
@@ -248,55 +250,93 @@ def retry(
     Put a breaker above the retry (``@breaker`` then ``@fb.retry(...)``) so that it sees one
     outcome per operation.
     """
-    policy = Policy(on, attempts, base, cap, budget, deadline, on_retry)
+    return _decorator(Policy(on, attempts, base, cap, budget, deadline, on_retry), _CORE)
 
+
+_CORE = "c" if COMPILED else "python"
+
+
+def _decorator(policy: Policy, core: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
         if _calls.kind(fn) == "async":  # an instance with `async def __call__` too
             return cast(Callable[P, T], _async_wrapper(policy, fn))
-        return _sync_wrapper(policy, fn)
+        return _sync_wrapper(policy, fn, core)
 
     return decorate
 
 
-def _sync_wrapper(policy: Policy, fn: Callable[P, T]) -> Callable[P, T]:
-    budget = policy.budget
-    current = current_var.get
+def retry_on_core(core: str) -> Callable[..., Callable[[Callable[P, T]], Callable[P, T]]]:
+    """``retry`` whose sync first attempt is ``core``'s (``"c"`` or ``"python"``), for
+    ``fastbreaker.testing.implementations()``; same signature and rules as ``retry``."""
+    if core not in ("c", "python"):
+        raise ValueError(f"core must be 'c' or 'python', got {core!r}")
 
-    # The first attempt is inline and lean (no loop, no try/finally): it is the common case.
-    @functools.wraps(fn)
-    def retrying_call(*args: P.args, **kwargs: P.kwargs) -> T:
-        dl = current()
+    signature = inspect.signature(retry)
+
+    @functools.wraps(retry)
+    def retry_on(*args: Any, **options: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        bound = signature.bind(*args, **options)  # retry's own TypeErrors: unknown, missing
+        bound.apply_defaults()
+        return _decorator(Policy(**bound.arguments), core)
+
+    return retry_on
+
+
+def run_from(
+    policy: Policy,
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dl: Deadline | None,
+    exc: Exception | None,
+) -> T:
+    """The rest of a retried sync call, after its lean first attempt (``_retry_c``/``_retry_py``).
+
+    ``exc`` is the error of the first attempt; ``None`` means nothing ran yet because a deadline
+    ``dl`` is current (the first attempt checks it here, off the fast path).
+    """
+    attempt = 1
+    if exc is None:
         if dl is not None and dl.expired():
             raise expired(1, None)
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:
-            delay = policy.after_failure(1, exc, dl)
+        except Exception as first:
+            exc = first
+        else:
+            if policy.budget is not None:
+                policy.budget.record_success()
+            return result
+    last = exc
+    delay = policy.after_failure(attempt, last, dl)
+    if delay is None:
+        raise last
+    while True:
+        sleep(delay)
+        attempt += 1
+        if dl is not None and dl.expired():
+            raise expired(attempt, last)
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as err:
+            delay = policy.after_failure(attempt, err, dl)
             if delay is None:
                 raise
-            last = exc
+            last = err
         else:
-            if budget is not None:
-                budget.record_success()
+            if policy.budget is not None:
+                policy.budget.record_success()
             return result
-        attempt = 1
-        while True:
-            sleep(delay)
-            attempt += 1
-            if dl is not None and dl.expired():
-                raise expired(attempt, last)
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:
-                delay = policy.after_failure(attempt, exc, dl)
-                if delay is None:
-                    raise
-                last = exc
-            else:
-                if budget is not None:
-                    budget.record_success()
-                return result
 
+
+def _sync_wrapper(policy: Policy, fn: Callable[P, T], core: str) -> Callable[P, T]:
+    # The first attempt is the common case: it is the core's (compiled, or the twin), lean, with
+    # no loop and no try/finally; everything after it is run_from.
+    if core == "c":
+        from ._retry_c import first_attempt
+    else:
+        from ._retry_py import first_attempt
+    retrying_call = cast(Callable[P, T], first_attempt(policy, fn))
     if policy.deadline is None:
         return retrying_call
     return _with_own_deadline(policy, fn, retrying_call)

@@ -78,7 +78,7 @@ def implementations() -> dict[str, types.SimpleNamespace]:
     """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
 
     Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
-    ``RetryBudget``, ``BreakerMap``, ``Bulkhead`` and ``AdaptiveLimiter`` taken from that core,
+    ``RetryBudget``, ``BreakerMap``, ``Bulkhead``, ``AdaptiveLimiter`` and ``retry`` taken from that core,
     and ``impl`` naming it. Where ``import fastbreaker`` uses the twin
     (``FASTBREAKER_NO_EXTENSIONS`` set, or an interpreter other than CPython) there is only
     ``"python"``.
@@ -103,5 +103,6 @@ def implementations() -> dict[str, types.SimpleNamespace]:
         ns.BreakerMap = _map.map_class(breaker_mod)
         ns.Bulkhead = bulkhead_mod.Bulkhead
         ns.AdaptiveLimiter = bulkhead_mod.AdaptiveLimiter
+        ns.retry = _retry.retry_on_core(name)
         out[name] = ns
     return out
