@@ -39,6 +39,11 @@ cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil
 # `permit`. Returns 0, or FB_NEED_CLOCK (nothing recorded) when the time is needed and unknown.
 cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil
 
+# With the GIL: call fn(*args, **kwargs) (kwargs may be None) through `breaker`, a compiled
+# CircuitBreaker, as breaker.call(fn, *args, **kwargs) does: CircuitOpenError when rejected,
+# callbacks fired, the outcome classified and recorded. Spares a Python method call.
+cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs)
+
 # The stored state: 0 CLOSED, 1 OPEN, 2 HALF_OPEN, 3 ISOLATED.
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil
 

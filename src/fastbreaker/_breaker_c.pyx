@@ -463,6 +463,14 @@ cdef int fb_breaker_release_ex(fb_breaker_t *b, int64_t permit, int outcome, int
         outcome = FB_FAILURE
     return release(<core_t *>b, permit, outcome, now, info)
 
+cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs):
+    if type(breaker) is not CircuitBreaker:
+        raise TypeError(f"breaker must be a compiled CircuitBreaker, got {breaker!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    live(<CircuitBreaker>breaker)
+    return guarded_call(<CircuitBreaker>breaker, fn, args, kwargs)
+
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
     return fb_load_acq(&(<core_t *>b).word) & ST_MASK
 

@@ -23,7 +23,7 @@ from cpython.ref cimport PyObject, Py_DECREF
 from libc.stdint cimport int64_t
 
 from ._breaker_c cimport (fb_breaker_t, fb_breaker_handle, fb_breaker_acquire_closed,
-                          fb_breaker_state)
+                          fb_breaker_call, fb_breaker_state)
 
 from . import _breaker_c
 from . import _map_steps as _steps
@@ -110,13 +110,12 @@ cdef class BreakerMap:
         """Report a failure for ``key``."""
         lookup(self, key).record_failure()
 
+    @cython.binding(False)
     def call(self, key, fn, /, *args, **kwargs):
         """Call ``fn(*args, **kwargs)`` through ``key``'s breaker (CircuitOpenError if rejected)."""
-        breaker = lookup(self, key)
-        # Forwarding *args and **kwargs costs a tuple and a dict copy: spare the common cases.
-        if not kwargs:
-            return breaker.call(fn) if not args else breaker.call(fn, *args)
-        return breaker.call(fn, *args, **kwargs)
+        # The core's C entry point, not breaker.call(): no method lookup, and the arguments are
+        # not packed a second time.
+        return fb_breaker_call(lookup(self, key), fn, args, kwargs)
 
     def call_async(self, key, fn, /, *args, **kwargs):
         """Await ``fn(*args, **kwargs)`` through ``key``'s breaker."""
