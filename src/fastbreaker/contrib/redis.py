@@ -79,6 +79,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .. import BreakerMap, CircuitBreaker, RetryBudget
+from .._permit import options as _options_of
 from ._fleet_script import SCRIPT
 
 __all__ = ["FleetCoordinator", "FleetMetrics", "SyncReport", "RunHandle"]
@@ -268,7 +269,7 @@ class FleetCoordinator:
             raise ValueError("breaker.name is required: it matches the breaker across the fleet")
         _check_name(name, "breaker.name")
         tag = f"{{{self._namespace}:b:{name}}}"
-        self._add("breaker", name, _Group(tag, breaker._config.options, breaker=breaker))
+        self._add("breaker", name, _Group(tag, _options_of(breaker), breaker=breaker))
         return breaker
 
     def add_map(self, breaker_map: BreakerMap, name: str = "map") -> BreakerMap:
