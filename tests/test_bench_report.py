@@ -79,9 +79,7 @@ def test_rows_for_fastbreaker_floor_and_installed_peers(report: dict[str, Any]) 
     assert sorted(keys) == sorted(expected)
     skipped = {s["label"] for s in data["skipped"]}
     assert skipped == {p for p in PEERS if not importlib.util.find_spec(p)} | (
-        set()
-        if fastbreaker.COMPILED
-        else {"fastbreaker (compiled)", "fastbreaker (compiled) + FleetCoordinator"}
+        set() if fastbreaker.COMPILED else {"fastbreaker (compiled)", "fastbreaker + fleet"}
     )
     rows = {row["key"]: row for row in data["rows"]}
     assert rows["fastbreaker_py"]["allow_ns"] is not None

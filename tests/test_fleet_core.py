@@ -194,3 +194,41 @@ def test_reordered_and_duplicated_applies_never_move_backwards(
 
 def test_the_entry_point_is_on_both_cores() -> None:
     assert hasattr(fastbreaker.CircuitBreaker, "_fleet")
+
+
+# -- the budget's entry point --------------------------------------------------------------------
+def test_budget_fleet_adds_clamped_units(fb: types.SimpleNamespace, clock: FakeClock) -> None:
+    from fastbreaker._options import TOKEN_UNIT as U
+
+    b = fb.RetryBudget(ratio=0.5, capacity=10, min_per_sec=1, clock=clock)
+    assert b._fleet(0) == 10 * U
+    assert b._fleet(-4 * U) == 6 * U and b.tokens == 6.0
+    assert b._fleet(-100 * U) == 0
+    clock.advance(2.0)
+    assert b._fleet(0) == 2 * U  # the lazy refill runs first
+    assert b._fleet(100 * U) == 10 * U
+    with pytest.raises(ValueError, match="delta"):
+        b._fleet(2**63 - 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.integers(-30, 30), st.sampled_from(["ok", "retry", "tick"]))))
+def test_budget_fleet_is_the_same_on_both_cores(script: list[object]) -> None:
+    from fastbreaker._options import TOKEN_UNIT as U
+
+    runs = []
+    for ns in NAMESPACES.values():
+        clock = FakeClock(10**12)
+        b = ns.RetryBudget(ratio=0.25, capacity=5, min_per_sec=0.5, clock=clock)
+        trace: list[object] = []
+        for op in script:
+            if op == "ok":
+                b.record_success()
+            elif op == "retry":
+                trace.append(b.allow_retry())
+            elif op == "tick":
+                clock.advance(0.7)
+            else:
+                trace.append(b._fleet(int(op) * U // 4))  # type: ignore[call-overload]
+        runs.append(trace)
+    assert all(run == runs[0] for run in runs)

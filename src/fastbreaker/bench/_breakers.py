@@ -128,8 +128,8 @@ def _compiled(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
 
 
 def _fleet(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
-    # The compiled breaker attached to a FleetCoordinator (never synced here: a sync runs
-    # beside the calls, not in them): allow() must cost what it costs without one.
+    # "fastbreaker + fleet": the compiled breaker attached to a FleetCoordinator (never synced
+    # here: a sync runs beside the calls, not in them): allow() must cost the same as without.
     system, why = _compiled(loop)
     if system is None:
         return None, why
@@ -140,7 +140,7 @@ def _fleet(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     coordinator = FleetCoordinator(object(), namespace="bench")
     coordinator.add_breaker(cb)
     system.key = "fastbreaker_fleet"
-    system.label = "fastbreaker (compiled) + FleetCoordinator"
+    system.label = "fastbreaker + fleet"
     system.ns.update(cb=cb, coordinator=coordinator)
     return system, ""
 
@@ -399,7 +399,7 @@ SECTION = Section(
     key="breakers",
     systems=[
         ("fastbreaker (compiled)", _compiled),
-        ("fastbreaker (compiled) + FleetCoordinator", _fleet),
+        ("fastbreaker + fleet", _fleet),
         ("fastbreaker (pure twin)", _twin),
         ("pybreaker", _pybreaker),
         ("circuitbreaker", _circuitbreaker),

@@ -3,10 +3,12 @@
 SCRIPT = r"""
 -- fastbreaker.contrib.redis: one call of this script is one sync of one slot group.
 -- KEYS[g] is a group's prefix (a hash tag: every key the script derives from it is in its slot).
--- ARGV: instance, window_ms, min_instances, buckets, then per group:
+-- ARGV: instance, window_ms, min_instances, buckets, budgets, then per group:
 --   since, n, failure_rate, min_calls, half_open_max, success_threshold, open_ms, lease_ms,
 --   then n entries of key, successes, failures, want (leases wanted).
--- Reply per group: {version, {key, state, gen, remaining_ms, leases, ...}}.
+-- then per budget (the last KEYS): the local change in token units, capacity in units.
+-- Reply per group: {version, {key, state, gen, remaining_ms, leases, ...}}; then per budget:
+-- this instance's share of the fleet's pool, in units.
 -- State record (hash <p>:st, field key): "state gen until probe_ok"; CLOSED keys have none.
 -- Generations: max(gen + 1, now_ms), so they keep growing if the server loses its data.
 local t = redis.call('TIME')
@@ -15,12 +17,14 @@ local inst = ARGV[1]
 local window = tonumber(ARGV[2])
 local min_inst = tonumber(ARGV[3])
 local nb = tonumber(ARGV[4])
+local nbudgets = tonumber(ARGV[5])
+local ngroups = #KEYS - nbudgets
 local width = math.max(1, math.floor(window / nb))
 local cur = math.floor(now / width)
-local a = 5
+local a = 6
 local out = {}
 
-for g = 1, #KEYS do
+for g = 1, ngroups do
   local p = KEYS[g]
   local since = tonumber(ARGV[a])
   local n = tonumber(ARGV[a + 1])
@@ -200,6 +204,29 @@ for g = 1, #KEYS do
   end
   redis.call('SET', p .. ':v', version)
   out[#out + 1] = { version, res }
+end
+
+-- Retry budgets: one pool per fleet of capacity x instances (those that synced within the
+-- window), charged with every instance's change; each instance holds pool / instances.
+for j = 1, nbudgets do
+  local p = KEYS[ngroups + j]
+  local delta = tonumber(ARGV[a])
+  local cap = tonumber(ARGV[a + 1])
+  a = a + 2
+  local ik = p .. ':i'
+  local joined = redis.call('ZADD', ik, now, inst)
+  redis.call('ZREMRANGEBYSCORE', ik, '-inf', now - window)
+  redis.call('PEXPIRE', ik, window * 2)
+  local n = redis.call('ZCARD', ik)
+  local pool = redis.call('GET', p .. ':p')
+  if not pool then
+    pool = cap * n
+  else
+    pool = tonumber(pool) + joined * cap -- a new instance brings its full bucket
+  end
+  pool = math.min(math.max(pool + delta, 0), cap * n)
+  redis.call('SET', p .. ':p', string.format('%d', pool), 'PX', window * 2)
+  out[#out + 1] = math.min(cap, math.floor(pool / n))
 end
 return out
 """

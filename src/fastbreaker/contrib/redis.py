@@ -53,6 +53,15 @@ The semantics, stated once:
   are dropped, never sent again: such a sync may have run on the server with only its reply
   lost. Counts made after the last failed attempt go with the next sync. During an outage the
   fleet therefore forgets what happened, as a window of ``fleet_window`` seconds would anyway.
+* **A fleet-wide retry budget** (``add_budget``). The fleet keeps one pool of ``capacity`` x
+  instances tokens (instances that synced within ``fleet_window``; a new one brings a full
+  bucket), charged at every sync with each instance's local change (deposits, retries, the
+  ``min_per_sec`` accrual); each instance's budget is then set to pool / instances (at most
+  ``capacity``). The bound on overshoot: between two syncs an instance spends only from its
+  local share, so in one sync interval the fleet spends at most its pool, plus its new
+  deposits, plus ``min_per_sec`` x instances x interval, plus what shares computed before
+  another instance's spending was reported still count (at most one pool per interval); the
+  next sync charges every retry, so the overshoot never accumulates.
 * **Redis Cluster.** All keys of a standalone breaker, and all keys of a map, share one hash tag
   (a map in one slot: its index of non-CLOSED keys and its keys are updated by one atomic
   script). A sync's batch is grouped by slot: one script call per slot group.
@@ -79,6 +88,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .. import BreakerMap, CircuitBreaker, RetryBudget
+from .._options import TOKEN_UNIT as _TOKEN_UNIT
 from .._permit import options as _options_of
 from ._fleet_script import SCRIPT
 
@@ -152,6 +162,20 @@ class _Key:
         self.held = -1  # the local generation the fleet's last apply produced, or -1
         self.fleet_state = 0  # as last heard; a key not CLOSED is sent at every sync
         self.gen = -1  # the local generation read for the sync in progress
+
+
+class _Budget:
+    """A coordinated RetryBudget: ``level`` is the token units it was left at by the last sync
+    (the local change since then is what the next sync sends)."""
+
+    __slots__ = ("tag", "budget", "level", "delta", "read")
+
+    def __init__(self, tag: str, budget: Any) -> None:
+        self.tag = tag
+        self.budget = budget
+        self.level: Optional[int] = None
+        self.delta = 0
+        self.read = 0
 
 
 class _Group:
@@ -244,7 +268,7 @@ class FleetCoordinator:
         self._is_async = _is_async_client(client)
         self._cluster = type(client).__name__ in ("RedisCluster", "ValkeyCluster")
         self._groups: dict[str, _Group] = {}
-        self._budgets: dict[str, Any] = {}
+        self._budgets: dict[str, _Budget] = {}
         self._lock = threading.Lock()
         self._conns: dict[Any, Any] = {}
         self._interval = 1.0
@@ -289,7 +313,7 @@ class FleetCoordinator:
         with self._lock:
             if name in self._budgets:
                 raise ValueError(f"a budget named {name!r} is already coordinated")
-            self._budgets[name] = budget
+            self._budgets[name] = _Budget(f"{{{self._namespace}:r:{name}}}", budget)
         return budget
 
     def on_event(self, callback: Callable[[FleetCoordinator, str, Optional[str]], Any]) -> Any:
@@ -381,10 +405,10 @@ class FleetCoordinator:
     def _hold(self, options: Any) -> float:
         return max(float(options.reset_ns) / 1e9, 2 * self._interval + self._timeout)
 
-    def _prepare(self) -> list[tuple[_Group, list[Any], list[tuple[str, _Key]]]]:
+    def _prepare(self) -> list[tuple[Any, Optional[list[Any]], list[tuple[str, _Key]]]]:
         """Read every local breaker once: the count deltas to send (taken now, sent at most
         once) and the keys whose fleet state matters."""
-        plan = []
+        plan: list[tuple[Any, Optional[list[Any]], list[tuple[str, _Key]]]] = []
         for group in list(self._groups.values()):
             args: list[Any] = []
             sent: list[tuple[str, _Key]] = []
@@ -404,17 +428,27 @@ class FleetCoordinator:
                     sent.append((key, k))
             group.keys = fresh
             plan.append((group, args, sent))
+        for b in list(self._budgets.values()):
+            b.read = b.budget._fleet(0)
+            # sent once: a failed sync drops it (the next one starts from what was read here)
+            b.delta = 0 if b.level is None else b.read - b.level
+            b.level = b.read
+            plan.append((b, None, []))
         return plan
 
     def _script_args(self, plan: list[Any]) -> tuple[list[str], list[Any]]:
+        budgets = [item[0] for item in plan if item[1] is None]
         keys: list[str] = []
         argv: list[Any] = [
             self._instance,
             int(self._window * 1000),
             self._min_instances,
             _BUCKETS,
+            len(budgets),
         ]
         for group, args, sent in plan:
+            if args is None:
+                continue
             o = group.options
             keys.append(group.tag)
             argv += (
@@ -428,7 +462,16 @@ class FleetCoordinator:
                 max(1, o.reset_ns // 1_000_000),
             )
             argv += args
+        for b in budgets:
+            keys.append(b.tag)
+            argv += (b.delta, int(round(b.budget.capacity * _TOKEN_UNIT)))
         return keys, argv
+
+    @staticmethod
+    def _pair(batch: list[Any], reply: list[Any]) -> list[tuple[Any, Any]]:
+        """The script answers the groups of a batch first, then its budgets."""
+        ordered = [i for i in batch if i[1] is not None] + [i for i in batch if i[1] is None]
+        return list(zip(ordered, reply))
 
     def _batches(self, plan: list[Any]) -> list[list[Any]]:
         """One batch in standalone Redis; in a Cluster, one per slot."""
@@ -445,8 +488,7 @@ class FleetCoordinator:
         replies: list[Any] = []
         for batch in self._batches(plan):
             keys, argv = self._script_args(batch)
-            reply = self._eval_bounded(keys, argv, deadline)
-            replies += reply
+            replies += self._pair(batch, self._eval_bounded(keys, argv, deadline))
         return replies
 
     async def _call_async(self, plan: list[Any]) -> list[Any]:
@@ -459,7 +501,7 @@ class FleetCoordinator:
                 reply = await self._client.evalsha(_SHA, len(keys), *keys, *argv)
             except NoScriptError:
                 reply = await self._client.eval(SCRIPT, len(keys), *keys, *argv)
-            replies += reply
+            replies += self._pair(batch, reply)
         return replies
 
     def _connection(self, first_key: str) -> Any:
@@ -539,7 +581,12 @@ class FleetCoordinator:
 
     def _finish(self, plan: list[Any], replies: list[Any], start: float) -> SyncReport:
         received = applied = 0
-        for (group, _, _), reply in zip(plan, replies):
+        for (group, args, _), reply in replies:
+            if args is None:
+                share = int(reply)  # the budget's share of the fleet's pool, in token units
+                group.budget._fleet(share - group.read)
+                group.level = share
+                continue
             version, entries = reply
             group.since = int(version)
             for i in range(0, len(entries), 5):
