@@ -589,3 +589,26 @@ class _Broken:
         pass
 
     socket_timeout = socket_connect_timeout = None
+
+
+# -- a long-running coordinator keeps its memory flat ---------------------------------------------
+def test_syncs_keep_memory_flat(fb: types.SimpleNamespace, server: RedisServer, ns: str) -> None:
+    from test_memory_growth import check_flat, measure_growth
+
+    m = fb.BreakerMap(1000, 30.0, window=20, min_calls=10, max_keys=64)
+    budget = fb.RetryBudget()
+    coord = FleetCoordinator(server.client(), namespace=ns)
+    coord.add_map(m, "hosts")
+    coord.add_budget(budget)
+    n = [0]
+
+    def step() -> None:
+        key = f"host-{n[0]}"  # a new key each step: the map evicts, the coordinator forgets
+        n[0] += 1
+        m.allow(key)
+        m.record_success(key)
+        budget.allow_retry()
+        assert coord.sync_once().ok
+
+    small, large = 300, 1_500
+    check_flat(measure_growth(step, small), measure_growth(step, large), small, large)
