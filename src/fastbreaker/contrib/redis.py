@@ -477,8 +477,7 @@ class FleetCoordinator:
         """One batch in standalone Redis; in a Cluster, one per slot."""
         if not self._cluster:
             return [plan] if plan else []
-        from redis.crc import key_slot
-
+        key_slot = self._lib("crc").key_slot
         by_slot: dict[int, list[Any]] = {}
         for item in plan:
             by_slot.setdefault(key_slot(item[0].tag.encode()), []).append(item)
@@ -492,8 +491,7 @@ class FleetCoordinator:
         return replies
 
     async def _call_async(self, plan: list[Any]) -> list[Any]:
-        from redis.exceptions import NoScriptError
-
+        NoScriptError = self._lib("exceptions").NoScriptError
         replies: list[Any] = []
         for batch in self._batches(plan):
             keys, argv = self._script_args(batch)
@@ -516,8 +514,8 @@ class FleetCoordinator:
             ident = None
         conn = self._conns.get(ident)
         if conn is None:
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
+            NoBackoff = self._lib("backoff").NoBackoff
+            Retry = self._lib("retry").Retry
 
             pool = client.connection_pool
             kwargs = dict(pool.connection_kwargs)
@@ -534,8 +532,8 @@ class FleetCoordinator:
         return conn
 
     def _eval_bounded(self, keys: list[str], argv: list[Any], deadline: float) -> Any:
-        from redis.exceptions import NoScriptError, TimeoutError as RedisTimeout
-
+        errors = self._lib("exceptions")
+        NoScriptError, RedisTimeout = errors.NoScriptError, errors.TimeoutError
         conn = self._connection(keys[0])
         try:
             left = deadline - time.monotonic()
@@ -555,10 +553,8 @@ class FleetCoordinator:
             conn.disconnect()
             raise
 
-    @staticmethod
-    def _read(conn: Any, deadline: float) -> Any:
-        from redis.exceptions import TimeoutError as RedisTimeout
-
+    def _read(self, conn: Any, deadline: float) -> Any:
+        RedisTimeout = self._lib("exceptions").TimeoutError
         left = deadline - time.monotonic()
         if left <= 0:
             raise RedisTimeout("sync_timeout elapsed")
@@ -631,6 +627,13 @@ class FleetCoordinator:
         if result[1] != k.gen:
             self._stale += 1
         return 0
+
+    def _lib(self, module: str) -> Any:
+        """``redis.<module>`` or ``valkey.<module>``: the client's own library."""
+        import importlib
+
+        top = type(self._client).__module__.split(".")[0]
+        return importlib.import_module(f"{top if top in ('redis', 'valkey') else 'redis'}.{module}")
 
     def _emit(self, event: str, error: Optional[str]) -> None:
         for callback in list(self._listeners):
