@@ -75,11 +75,11 @@ def test_rows_for_fastbreaker_floor_and_installed_peers(report: dict[str, Any]) 
     keys = [row["key"] for row in data["rows"]]
     expected = ["fastbreaker_py", "floor"] + [p for p in PEERS if importlib.util.find_spec(p)]
     if fastbreaker.COMPILED:
-        expected.append("fastbreaker")
+        expected += ["fastbreaker", "fastbreaker_fleet"]
     assert sorted(keys) == sorted(expected)
     skipped = {s["label"] for s in data["skipped"]}
     assert skipped == {p for p in PEERS if not importlib.util.find_spec(p)} | (
-        set() if fastbreaker.COMPILED else {"fastbreaker (compiled)"}
+        set() if fastbreaker.COMPILED else {"fastbreaker (compiled)", "fastbreaker + fleet"}
     )
     rows = {row["key"]: row for row in data["rows"]}
     assert rows["fastbreaker_py"]["allow_ns"] is not None

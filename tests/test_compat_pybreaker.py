@@ -649,9 +649,9 @@ def test_storage_errors_are_clear(peer: Any) -> None:
         ValueError, match="Unknown state 'bogus', valid states: closed, open, half-open"
     ):
         pybreaker.CircuitBreaker(state_storage=pybreaker.CircuitMemoryStorage("bogus"))
-    with pytest.raises(NotImplementedError, match="keep using pybreaker"):
-        pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, object())
-    with pytest.raises(TypeError, match="CircuitMemoryStorage"):
+    with pytest.raises(ValueError, match="Unknown state 'bogus'"):
+        pybreaker.CircuitRedisStorage("bogus", object())
+    with pytest.raises(TypeError, match="CircuitMemoryStorage or CircuitRedisStorage"):
         pybreaker.CircuitBreaker(state_storage=peer.CircuitMemoryStorage(peer.STATE_CLOSED))
     storage = pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
     pybreaker.CircuitBreaker(state_storage=storage)
@@ -745,3 +745,24 @@ def test_breaker_is_garbage_collected() -> None:
     del b
     gc.collect()
     assert ref() is None
+
+
+def test_redis_storage_is_shared_with_real_pybreaker(peer: Any) -> None:
+    """The same keys and formats as pybreaker: a circuit opened by a pybreaker process is open
+    here, and the other way round."""
+    fakeredis = pytest.importorskip("fakeredis")
+    client = fakeredis.FakeStrictRedis()
+    theirs = peer.CircuitBreaker(
+        fail_max=2, state_storage=peer.CircuitRedisStorage("closed", client, namespace="ns")
+    )
+    ours = pybreaker.CircuitBreaker(
+        fail_max=2, state_storage=pybreaker.CircuitRedisStorage("closed", client, namespace="ns")
+    )
+    for _ in range(2):
+        with pytest.raises((ConnectionError, peer.CircuitBreakerError)):
+            theirs.call(work, "fail")
+    assert ours.current_state == "open" and ours.fail_counter == 2
+    with pytest.raises(pybreaker.CircuitBreakerError):
+        ours.call(lambda: 1)
+    ours.close()
+    assert theirs.current_state == "closed" and theirs.fail_counter == 0

@@ -913,6 +913,58 @@ cdef class CircuitBreaker:
             return "<CircuitBreaker (not initialised)>"
         return f"<CircuitBreaker name={self.name!r} state={self.state.name}>"
 
+    # -- fleet coordination (fastbreaker.contrib.redis) -------------------------------------------
+    # The last fleet generation applied: written only under a claim of the state word.
+    cdef int64_t _fleet_gen
+
+    def _fleet(self, int64_t fleet_gen, int64_t local_gen, int state, double seconds, int probes):
+        """The fenced entry point of a fleet's state: the twin documents it (``_breaker_py``)."""
+        cdef config_t *c = live(self)
+        cdef int64_t now = 0, w, gen, since, hmax = opt(&c.half_open_max)
+        cdef int trans = 0
+        cdef bint applied = False
+        if state < S_CLOSED or state > S_HALF_OPEN:
+            raise ValueError(f"state must be 0 (CLOSED), 1 (OPEN) or 2 (HALF_OPEN), got {state!r}")
+        if not (0.0 <= seconds < 1e8):
+            raise ValueError(f"seconds must be in [0, 1e8), got {seconds!r}")
+        if probes < 0 or probes > hmax:
+            raise ValueError(
+                f"probes must be in 0..{hmax} (half_open_max_calls), got {probes!r}")
+        if state != S_CLOSED and fleet_gen > self._fleet_gen:
+            now = now_of(self)  # before the claim: a Python clock must not run under it
+        if fleet_gen > self._fleet_gen:
+            # Fenced under a claim of the word: no transition can happen between the checks
+            # and the apply (a reader only, fleet_gen 0, never claims).
+            w = claim(&self.st)
+            gen = full_gen(&self.st, w)
+            if (fleet_gen > self._fleet_gen and (local_gen < 0 or local_gen == gen)
+                    and (w & ST_MASK) != S_ISOLATED):
+                applied = True
+                self._fleet_gen = fleet_gen
+                if state == S_CLOSED and (w & ST_MASK) != S_CLOSED:
+                    transition(&self.st, w, S_CLOSED, 0, 0, 0, False, &trans)
+                elif state == S_OPEN:
+                    since = now + <int64_t>(seconds * 1e9) - open_period(c, w_level(w))
+                    if (w & ST_MASK) == S_OPEN:
+                        fb_store_rlx(&self.st.since_ns, since)
+                        fb_store_rel(&self.st.word, w)
+                    else:
+                        transition(&self.st, w, S_OPEN, since, 0, w_level(w), False, &trans)
+                elif state == S_HALF_OPEN:
+                    transition(&self.st, w, S_HALF_OPEN, now, hmax - probes, w_level(w), False,
+                               &trans)
+                else:
+                    fb_store_rel(&self.st.word, w)
+            else:
+                fb_store_rel(&self.st.word, w)  # release the claim unchanged
+        w = fb_load_acq(&self.st.word)
+        result = (applied, full_gen(&self.st, w), w & ST_MASK,
+                  fb_load_rlx(&self.st.successes), fb_load_rlx(&self.st.failures),
+                  fb_load_rlx(&self.st.rejected))
+        if trans:
+            fire(self, trans)
+        return result
+
 
 # -- the Python-level steps shared by the methods above -------------------------------------------
 cdef setup(CircuitBreaker self, Config config, label):

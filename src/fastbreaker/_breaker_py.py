@@ -169,6 +169,7 @@ class CircuitBreaker:
         "_ignored",
         "_stale",
         "_opened",
+        "_fleet_gen",
         "__weakref__",
     )
 
@@ -224,6 +225,7 @@ class CircuitBreaker:
         self._head = self._rec = self._fail = self._slow = 0
         self._permitted = self._rejected = self._successes = self._failures = 0
         self._slow_calls = self._ignored = self._stale = self._opened = 0
+        self._fleet_gen = 0
 
     # -- time -------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -590,6 +592,89 @@ class CircuitBreaker:
         if is_uninitialised(self._config):
             return "<CircuitBreaker (not initialised)>"
         return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"
+
+    # -- fleet coordination (fastbreaker.contrib.redis) -------------------------------------------
+    def _fleet(
+        self, fleet_gen: int, local_gen: int, state: int, seconds: float, probes: int
+    ) -> tuple[bool, int, int, int, int, int]:
+        """The one entry point through which a fleet's state enters the breaker, fenced.
+
+        Returns ``(applied, local_gen, state, successes, failures, rejected)`` as they are after
+        the call: the breaker's local generation (the number of its transitions, the same
+        number a permit carries), its state as an int (0 CLOSED, 1 OPEN, 2 HALF_OPEN,
+        3 ISOLATED) and its cumulative counters (as in ``metrics()``), from which a coordinator
+        computes outcome deltas.
+
+        The fleet state ``state`` (0 CLOSED, 1 OPEN, 2 HALF_OPEN) of fleet generation
+        ``fleet_gen`` is applied only if all of these hold, and otherwise nothing changes:
+
+        * ``fleet_gen`` is greater than the last applied fleet generation (0 at first, so
+          ``fleet_gen=0`` only reads): old news and duplicates are ignored, and the breaker's
+          fleet generation only ever moves forward;
+        * ``local_gen`` is negative or equals the current local generation: when the
+          coordinator read the breaker at ``local_gen`` and a local transition happened since,
+          the apply is stale, like the outcome of a call admitted before a transition, and
+          never undoes the newer local transition;
+        * the breaker is not ISOLATED (only ``reset()`` ends that).
+
+        An applied fleet generation is recorded, then the state becomes:
+
+        * CLOSED: like ``reset()`` when the breaker is not CLOSED (empty window, no backoff);
+          nothing changes when it is;
+        * OPEN: open until ``seconds`` from now on the breaker's own clock (``retry_after``
+          becomes ``seconds``): a transition from CLOSED or HALF_OPEN (counted in ``opened``,
+          announced to callbacks); when already OPEN only the end of the open period moves (no
+          transition, no event); the backoff level is kept;
+        * HALF_OPEN: a transition (announced unless already HALF_OPEN) to a HALF_OPEN
+          generation in which at most ``probes`` (0 to ``half_open_max_calls``) probes are
+          admitted: the other permits count as in flight for the whole generation.
+
+        ``state`` outside 0..2, ``seconds`` not in [0, 1e8) or ``probes`` outside
+        0..``half_open_max_calls`` raise ValueError.
+        """
+        opts = self._config.options
+        if state not in (0, 1, 2):
+            raise ValueError(f"state must be 0 (CLOSED), 1 (OPEN) or 2 (HALF_OPEN), got {state!r}")
+        if not 0.0 <= seconds < 1e8:
+            raise ValueError(f"seconds must be in [0, 1e8), got {seconds!r}")
+        if not 0 <= probes <= opts.half_open_max_calls:
+            raise ValueError(
+                f"probes must be in 0..{opts.half_open_max_calls} (half_open_max_calls), "
+                f"got {probes!r}"
+            )
+        now = self._now() if state != 0 and fleet_gen > self._fleet_gen else 0
+        trans = None
+        applied = False
+        with self._lock:
+            if (
+                fleet_gen > self._fleet_gen
+                and (local_gen < 0 or local_gen == self._gen)
+                and self._state != ISOLATED
+            ):
+                applied = True
+                self._fleet_gen = fleet_gen
+                if state == 0:
+                    if self._state != CLOSED:
+                        self._level = 0
+                        trans = self._enter(CLOSED)
+                elif state == 1:
+                    since = now + int(seconds * 1e9) - self._open_period_ns(self._level)
+                    if self._state != OPEN:
+                        trans = self._enter(OPEN, since)
+                    self._since_ns = since
+                else:
+                    trans = self._enter(HALF_OPEN, now)
+                    self._inflight = opts.half_open_max_calls - probes
+            result = (
+                applied,
+                self._gen,
+                int(self._state),
+                self._successes,
+                self._failures,
+                self._rejected,
+            )
+        self._fire(trans)
+        return result
 
 
 # inspect.signature() and help() show the constructor's parameters, not __new__'s *args/**kwargs.

@@ -184,6 +184,25 @@ cdef class RetryBudget:
             _not_ready()
         return <double>self.state.rate / UNIT
 
+    # -- fleet coordination (fastbreaker.contrib.redis) -------------------------------------------
+    def _fleet(self, int64_t delta):
+        """The fleet's entry point: the twin documents it (``_budget_py``)."""
+        cdef int64_t cur, new
+        if not self._ready:
+            _not_ready()
+        if delta < -(1 << 62) or delta > (1 << 62):
+            raise ValueError(f"delta must be within +-2**62 token units, got {delta!r}")
+        _refill(&self.state, _read_clock(self._clock))
+        cur = fb_load_rlx(&self.state.tokens)
+        while True:
+            new = cur + delta
+            if new > self.state.capacity:
+                new = self.state.capacity
+            if new < 0:
+                new = 0
+            if new == cur or fb_cas(&self.state.tokens, &cur, new):
+                return new
+
     def __repr__(self):
         if not self._ready:
             return "<RetryBudget (not initialised)>"

@@ -158,6 +158,20 @@ class RetryBudget:
         credit = _accrued(elapsed_us, self._rate, self._capacity)
         self._tokens = min(self._tokens + credit, self._capacity)
 
+    # -- fleet coordination (fastbreaker.contrib.redis) -------------------------------------------
+    def _fleet(self, delta: int) -> int:
+        """The one entry point of a fleet's budget (``FleetCoordinator.add_budget``): refill as
+        ``tokens`` does, then add ``delta`` token units (``TOKEN_UNIT`` per token; negative
+        takes), clamped to ``[0, capacity]``, in one atomic step, and return the tokens in units.
+        ``delta=0`` only reads. ``|delta|`` above 2**62 raises ValueError."""
+        if not -(2**62) <= delta <= 2**62:
+            raise ValueError(f"delta must be within +-2**62 token units, got {delta!r}")
+        now = read_clock(self._clock)
+        with self._lock:
+            self._refill(now)
+            self._tokens = max(0, min(self._tokens + delta, self._capacity))
+            return self._tokens
+
     def __repr__(self) -> str:
         if not _initialised(self):
             return "<RetryBudget (not initialised)>"

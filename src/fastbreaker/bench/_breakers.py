@@ -127,6 +127,24 @@ def _compiled(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     return _fastbreaker_system("fastbreaker", label, _breaker_c, _map_for(_breaker_c)), ""
 
 
+def _fleet(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
+    # "fastbreaker + fleet": the compiled breaker attached to a FleetCoordinator (never synced
+    # here: a sync runs beside the calls, not in them): allow() must cost the same as without.
+    system, why = _compiled(loop)
+    if system is None:
+        return None, why
+    from .. import _breaker_c
+    from ..contrib.redis import FleetCoordinator
+
+    cb = _breaker_c.CircuitBreaker(reset_timeout=OPEN_SECONDS, name="bench")
+    coordinator = FleetCoordinator(object(), namespace="bench")
+    coordinator.add_breaker(cb)
+    system.key = "fastbreaker_fleet"
+    system.label = "fastbreaker + fleet"
+    system.ns.update(cb=cb, coordinator=coordinator)
+    return system, ""
+
+
 def _twin(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     from .. import _breaker_py
 
@@ -381,6 +399,7 @@ SECTION = Section(
     key="breakers",
     systems=[
         ("fastbreaker (compiled)", _compiled),
+        ("fastbreaker + fleet", _fleet),
         ("fastbreaker (pure twin)", _twin),
         ("pybreaker", _pybreaker),
         ("circuitbreaker", _circuitbreaker),

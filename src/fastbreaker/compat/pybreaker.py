@@ -53,10 +53,13 @@ Differences from pybreaker, on purpose
   ``fastbreaker`` logger instead of replacing the call's outcome (the core runs it). Listeners
   that raise from ``open()``/``half_open()``/``close()``, ``before_call``, ``success`` or
   ``failure`` propagate, as in pybreaker.
-- ``state_storage`` takes a ``CircuitMemoryStorage`` only: its state and ``opened_at`` become the
+- ``state_storage`` takes a ``CircuitMemoryStorage``: its state and ``opened_at`` become the
   breaker's initial state, then it reflects the breaker (read-only) and may back one breaker.
-  ``CircuitRedisStorage`` and other storages raise: state shared between processes cannot live
-  in an in-process lock-free core; keep pybreaker where it must be shared.
+  Or a ``CircuitRedisStorage`` (pybreaker's arguments and Redis keys, so pybreaker processes and
+  this module can share a circuit): that breaker keeps its state in Redis with pybreaker's
+  semantics, a few round trips per call (without a lock held across the call), and passes
+  pybreaker's own Redis test cases. For new code prefer
+  ``fastbreaker.contrib.redis.FleetCoordinator``, which never puts Redis on the call path.
 - Tornado coroutines (``call_async``, ``__pybreaker_call_async``) are not supported. As in
   pybreaker, an ``async def`` function is called, not awaited, so its failures are not seen: use
   ``fastbreaker.CircuitBreaker`` for asyncio.
@@ -66,8 +69,12 @@ Differences from pybreaker, on purpose
 
 from __future__ import annotations
 
+import calendar
 import contextlib
+import importlib.util
+import logging
 import threading
+import time
 import types
 import weakref
 from datetime import datetime, timezone
@@ -97,7 +104,7 @@ STATE_HALF_OPEN = "half-open"
 
 #: pybreaker's feature flags: neither optional backend exists here.
 HAS_TORNADO_SUPPORT = False
-HAS_REDIS_SUPPORT = False
+HAS_REDIS_SUPPORT = importlib.util.find_spec("redis") is not None
 
 T = TypeVar("T")
 
@@ -111,13 +118,11 @@ _MSG_OPEN = "Timeout not elapsed yet, circuit breaker still open"
 _MSG_TRIAL_RUNNING = "Trial call in progress, circuit breaker half-open"
 _MSG_STORAGE = (
     "fastbreaker.compat.pybreaker keeps a breaker's state in fastbreaker's in-process lock-free "
-    "core, so state_storage must be a fastbreaker.compat.pybreaker.CircuitMemoryStorage, got {!r}; "
-    "keep using pybreaker for state shared through Redis or another store"
+    "core (CircuitMemoryStorage) or in Redis (CircuitRedisStorage), so state_storage must be a "
+    "fastbreaker.compat.pybreaker.CircuitMemoryStorage or CircuitRedisStorage, got {!r}"
 )
-_MSG_REDIS = (
-    "CircuitRedisStorage is not supported by fastbreaker.compat.pybreaker: a breaker's state lives "
-    "in fastbreaker's in-process lock-free core; keep using pybreaker for state shared through Redis"
-)
+_log = logging.getLogger("fastbreaker.compat.pybreaker")
+_VALID = (STATE_CLOSED, STATE_OPEN, STATE_HALF_OPEN)
 
 
 @contextlib.contextmanager
@@ -297,8 +302,27 @@ class CircuitMemoryStorage(CircuitBreakerStorage):
         self._opened_at = value
 
 
+def _redis_error() -> tuple[type[BaseException], ...]:
+    try:
+        from redis.exceptions import RedisError
+    except ImportError:  # pragma: no cover - the storage is given a client, so redis exists
+        return ()
+    return (RedisError,)
+
+
 class CircuitRedisStorage(CircuitBreakerStorage):
-    """Not supported: constructing one raises ``NotImplementedError`` (see the module docstring)."""
+    """pybreaker's Redis storage: a breaker's state, counters and opening time in Redis.
+
+    The same arguments and keys as pybreaker (``[namespace:]pybreaker:state``, ``fail_counter``,
+    ``success_counter``, ``opened_at`` in whole UTC seconds), so processes running pybreaker and
+    this module can share a breaker. A breaker backed by it has pybreaker's semantics: a few
+    Redis round trips per call (no lock is held across the call itself). A Redis error is logged:
+    reads then give ``fallback_circuit_state`` and zero counters, writes are lost; a missing
+    state is set to ``fallback_circuit_state``. For new code, prefer
+    ``fastbreaker.contrib.redis.FleetCoordinator``: local decisions, no I/O on the call path.
+    """
+
+    BASE_NAMESPACE = "pybreaker"
 
     def __init__(
         self,
@@ -308,7 +332,118 @@ class CircuitRedisStorage(CircuitBreakerStorage):
         fallback_circuit_state: str = STATE_CLOSED,
         cluster_mode: bool = False,
     ) -> None:
-        raise NotImplementedError(_MSG_REDIS)
+        super().__init__("redis")
+        for value in (state, fallback_circuit_state):
+            if value not in _VALID:
+                raise ValueError(
+                    f"Unknown state {value!r}, valid states: "
+                    f"{STATE_CLOSED}, {STATE_OPEN}, {STATE_HALF_OPEN}"
+                )
+        self._redis = redis_object
+        self._namespace_name = namespace
+        self._fallback_circuit_state = fallback_circuit_state
+        self._cluster_mode = cluster_mode
+        self._errors = _redis_error()
+        self._write(lambda: self._redis.setnx(self._key("fail_counter"), 0))
+        self._write(lambda: self._redis.setnx(self._key("success_counter"), 0))
+        self._write(lambda: self._redis.setnx(self._key("state"), state))
+
+    def _key(self, name: str) -> str:
+        parts = [self.BASE_NAMESPACE, name]
+        if self._namespace_name:
+            parts.insert(0, self._namespace_name)
+        return ":".join(parts)
+
+    def _write(self, op: Callable[[], Any]) -> None:
+        try:
+            op()
+        except self._errors:
+            _log.exception("RedisError")
+
+    def _get(self, name: str) -> Any:
+        return self._redis.get(self._key(name))
+
+    def _int(self, name: str) -> int:
+        try:
+            value = self._get(name)
+        except self._errors:
+            _log.exception("RedisError")
+            return 0
+        return int(value) if value is not None else 0
+
+    @property
+    def state(self) -> str:
+        """The circuit state; ``fallback_circuit_state`` when Redis fails or has none."""
+        try:
+            raw = self._get("state")
+        except self._errors:
+            _log.exception("RedisError, returning the fallback circuit state")
+            return self._fallback_circuit_state
+        if raw is None:
+            fallback = self._fallback_circuit_state
+            self.state = fallback
+            self.reset_counter()
+            return fallback
+        value = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return value if value in _VALID else self._fallback_circuit_state
+
+    @state.setter
+    def state(self, state: str) -> None:
+        self._write(lambda: self._redis.set(self._key("state"), str(state)))
+
+    def increment_counter(self) -> None:
+        """Add one to the failure counter (an atomic INCR)."""
+        self._write(lambda: self._redis.incr(self._key("fail_counter")))
+
+    def reset_counter(self) -> None:
+        self._write(lambda: self._redis.set(self._key("fail_counter"), 0))
+
+    def increment_success_counter(self) -> None:
+        self._write(lambda: self._redis.incr(self._key("success_counter")))
+
+    def reset_success_counter(self) -> None:
+        self._write(lambda: self._redis.set(self._key("success_counter"), 0))
+
+    @property
+    def counter(self) -> int:
+        """The failure counter."""
+        return self._int("fail_counter")
+
+    @property
+    def success_counter(self) -> int:
+        """The trial successes counter."""
+        return self._int("success_counter")
+
+    def _opened_ts(self) -> Optional[int]:
+        try:
+            raw = self._get("opened_at")
+        except self._errors:
+            _log.exception("RedisError")
+            return None
+        return int(raw) if raw is not None else None
+
+    @property
+    def opened_at(self) -> Optional[datetime]:
+        """When the circuit last opened, to the second (a naive UTC ``datetime``), or None."""
+        ts = self._opened_ts()
+        return None if ts is None else datetime(*time.gmtime(ts)[:6])
+
+    @opened_at.setter
+    def opened_at(self, now: datetime) -> None:
+        # Only ever moves forward (several processes may open the same circuit).
+        key, value = self._key("opened_at"), calendar.timegm(now.utctimetuple())
+
+        def forward(pipe: Any) -> None:
+            current = pipe.get(key)
+            if current is None or int(current) < value:
+                if hasattr(pipe, "multi"):
+                    pipe.multi()
+                pipe.set(key, value)
+
+        if self._cluster_mode:  # no WATCH across a cluster: a plain compare-and-set
+            self._write(lambda: forward(self._redis))
+        else:
+            self._write(lambda: self._redis.transaction(forward, key))
 
 
 def _calling_block() -> None:
@@ -339,6 +474,23 @@ class CircuitBreaker:
         throw_new_error_on_trip: bool = True,
     ) -> None:
         storage = CircuitMemoryStorage(STATE_CLOSED) if state_storage is None else state_storage
+        if isinstance(storage, CircuitRedisStorage):
+            if type(self) is not CircuitBreaker:
+                raise TypeError("a CircuitRedisStorage backs a CircuitBreaker, not a subclass")
+            # The state lives in Redis, not in the core: pybreaker's semantics, I/O per call.
+            self.__class__ = _RedisBackedBreaker
+            _RedisBackedBreaker._setup(
+                cast(_RedisBackedBreaker, self),
+                fail_max,
+                reset_timeout,
+                success_threshold,
+                exclude,
+                listeners,
+                storage,
+                name,
+                throw_new_error_on_trip,
+            )
+            return
         if not isinstance(storage, CircuitMemoryStorage):
             raise TypeError(_MSG_STORAGE.format(storage))
         if storage._breaker is not None:
@@ -393,7 +545,7 @@ class CircuitBreaker:
         self._core.on_state_change(on_change)
         self._adopt(storage)
         storage._breaker = self
-        self._state_storage = storage
+        self._state_storage: CircuitBreakerStorage = storage
 
     # -- configuration ---------------------------------------------------------------------------
     @staticmethod
@@ -863,3 +1015,192 @@ class CircuitBreaker:
             self._open_fails = self._successes = 0
             self._probe_gen = None
             self._announce(_CLOSED)
+
+
+class _RedisBackedBreaker(CircuitBreaker):
+    """A ``CircuitBreaker`` whose state is a ``CircuitRedisStorage`` (``CircuitBreaker(...,
+    state_storage=CircuitRedisStorage(...))`` makes one): pybreaker's state machine over the
+    storage. The counters are updated with atomic INCRs; this process runs at most one trial
+    call at a time; outcome bookkeeping and the success and failure listeners run under the
+    breaker's lock, the call itself does not."""
+
+    def _setup(
+        self,
+        fail_max: int,
+        reset_timeout: float,
+        success_threshold: int,
+        exclude: Optional[Iterable[Any]],
+        listeners: Optional[Sequence[CircuitBreakerListener]],
+        storage: CircuitRedisStorage,
+        name: Optional[str],
+        throw_new_error_on_trip: bool,
+    ) -> None:
+        for value, what in ((fail_max, "fail_max"), (success_threshold, "success_threshold")):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{what} must be an int, got {value!r}")
+        if isinstance(reset_timeout, bool) or not isinstance(reset_timeout, (int, float)):
+            raise TypeError(f"reset_timeout must be a number of seconds, got {reset_timeout!r}")
+        self._lock = threading.RLock()
+        self._fail_max = fail_max
+        self._reset_timeout = reset_timeout
+        self._success_threshold = success_threshold
+        self._excluded = tuple(exclude or ())
+        self._listeners = tuple(listeners or ())
+        self._name = name
+        self._throw_new_error_on_trip = throw_new_error_on_trip
+        self._trial = False
+        self._state_storage = storage
+
+    # -- options (plain values: nothing to reconfigure) ------------------------------------------
+    @property
+    def fail_max(self) -> int:
+        return self._fail_max
+
+    @fail_max.setter
+    def fail_max(self, number: int) -> None:
+        self._fail_max = number
+
+    @property
+    def reset_timeout(self) -> float:
+        return self._reset_timeout
+
+    @reset_timeout.setter
+    def reset_timeout(self, timeout: float) -> None:
+        self._reset_timeout = timeout
+
+    @property
+    def success_threshold(self) -> int:
+        return self._success_threshold
+
+    @success_threshold.setter
+    def success_threshold(self, threshold: int) -> None:
+        self._success_threshold = threshold
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def current_state(self) -> str:
+        return cast(CircuitRedisStorage, self._state_storage).state
+
+    @property
+    def state(self) -> CircuitBreakerState:
+        return _STATE_CLASSES[self.current_state](self)
+
+    @state.setter
+    def state(self, state_str: str) -> None:
+        CircuitBreaker.state.fset(self, state_str)  # type: ignore[attr-defined]
+
+    @property
+    def fail_counter(self) -> int:
+        return cast(CircuitRedisStorage, self._state_storage).counter
+
+    @property
+    def success_counter(self) -> int:
+        return cast(CircuitRedisStorage, self._state_storage).success_counter
+
+    def _inc_counter(self) -> None:
+        cast(CircuitRedisStorage, self._state_storage).increment_counter()
+
+    def _move(self, new: str) -> None:
+        """Store ``new`` and tell the listeners (with the lock held)."""
+        storage = cast(CircuitRedisStorage, self._state_storage)
+        old = _STATE_CLASSES[storage.state](self)
+        if new == STATE_OPEN:
+            storage.opened_at = datetime.now(timezone.utc)
+        if new != STATE_OPEN:
+            storage.reset_success_counter()
+        if new == STATE_CLOSED:
+            storage.reset_counter()
+        storage.state = new
+        if new != STATE_CLOSED or self._trial:
+            self._trial = False
+        new_obj = _STATE_CLASSES[new](self, old, True)
+        for listener in self._listeners:
+            listener.state_change(self, old, new_obj)
+
+    def open(self) -> bool:
+        with self._lock:
+            self._move(STATE_OPEN)
+        return self._throw_new_error_on_trip
+
+    def half_open(self) -> None:
+        with self._lock:
+            self._move(STATE_HALF_OPEN)
+
+    def close(self) -> None:
+        with self._lock:
+            self._move(STATE_CLOSED)
+
+    # -- calls -----------------------------------------------------------------------------------
+    def call(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._call(func, args, kwargs)
+
+    def _admit(self) -> tuple[int, bool]:
+        storage = cast(CircuitRedisStorage, self._state_storage)
+        with self._lock:
+            state = storage.state
+            if state == STATE_OPEN:
+                opened = storage._opened_ts()
+                if opened is not None and time.time() - opened < self._reset_timeout:
+                    raise CircuitBreakerError(_MSG_OPEN)
+                self._move(STATE_HALF_OPEN)
+                state = STATE_HALF_OPEN
+            if state == STATE_HALF_OPEN:
+                if self._trial:
+                    raise CircuitBreakerError(_MSG_TRIAL_RUNNING)
+                self._trial = True
+                return 1, True
+            return 0, False
+
+    def _before_call(
+        self, permit: int, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        try:
+            for listener in self._listeners:
+                listener.before_call(self, func, *args, **kwargs)
+        except BaseException:
+            if permit:
+                with self._lock:
+                    self._trial = False
+            raise
+
+    def _on_success(self, permit: int, trial: bool) -> None:
+        storage = cast(CircuitRedisStorage, self._state_storage)
+        with self._lock:
+            if trial:
+                self._trial = False
+                storage.increment_success_counter()
+                if storage.success_counter >= self._success_threshold:
+                    self._move(STATE_CLOSED)
+            elif storage.state == STATE_CLOSED:
+                storage.reset_counter()
+            for listener in self._listeners:
+                listener.success(self)
+
+    def _on_error(self, permit: int, trial: bool, exc: BaseException) -> None:
+        if not isinstance(exc, Exception):
+            if trial:
+                with self._lock:
+                    self._trial = False
+            return
+        if not self.is_system_error(exc):
+            self._on_success(permit, trial)
+            return
+        storage = cast(CircuitRedisStorage, self._state_storage)
+        msg = None
+        with self._lock:
+            try:
+                for listener in self._listeners:
+                    listener.failure(self, exc)
+            finally:
+                if trial:
+                    self._trial = False
+                    self._inc_counter()
+                    self._move(STATE_OPEN)
+                    msg = _MSG_TRIAL_FAILED
+                elif storage.state == STATE_CLOSED:  # else admitted before the circuit opened
+                    self._inc_counter()
+                    if storage.counter >= self._fail_max:
+                        self._move(STATE_OPEN)
+                        msg = _MSG_TRIP
+        if msg is not None and self._throw_new_error_on_trip:
+            raise CircuitBreakerError(msg).with_traceback(exc.__traceback__)

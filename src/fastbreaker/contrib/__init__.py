@@ -8,4 +8,6 @@ itself imported, and says which extra to install when the library is missing.
   (``pip install 'fastbreaker[httpx]'``).
 - ``fastbreaker.contrib.prometheus``: ``BreakerCollector``, which exports breakers, maps and
   retry budgets at scrape time (``pip install 'fastbreaker[prometheus]'``).
+- ``fastbreaker.contrib.redis``: ``FleetCoordinator``, local-first coordination of breakers,
+  maps and retry budgets across processes through Redis (``pip install 'fastbreaker[redis]'``).
 """
