@@ -982,7 +982,8 @@ cdef class CircuitBreaker:
         cdef int64_t w = fb_load_acq(&self.st.word)
         cdef int64_t since = fb_load_rlx(&self.st.since_ns)
         cdef int64_t cur = fb_load_rlx(&self.st.consec), agg, rec = 0, fail = 0, slow = 0
-        cdef int64_t now = 0, open_ns, sums[3]
+        cdef int64_t now = 0, open_ns
+        cdef int64_t sums[3]
         cdef bint closed = (w & ST_MASK) == S_CLOSED
         cdef bint windowed = self.st.win != NULL or self.st.tw != NULL
         latency = latency_of(self)
