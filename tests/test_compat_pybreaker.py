@@ -745,3 +745,20 @@ def test_breaker_is_garbage_collected() -> None:
     del b
     gc.collect()
     assert ref() is None
+
+
+def test_dry_run_never_refuses_and_keeps_the_original_errors(ft: FakeTime) -> None:
+    breaker = pybreaker.CircuitBreaker(fail_max=2, reset_timeout=30, dry_run=True)
+
+    def fail() -> None:
+        raise ConnectionError("down")
+
+    for _ in range(2):
+        with pytest.raises(ConnectionError):  # no CircuitBreakerError on the trip either
+            breaker.call(fail)
+    assert breaker.current_state == pybreaker.STATE_OPEN
+    assert breaker.call(lambda: 5) == 5  # would have been refused
+    with pytest.raises(ConnectionError):
+        breaker.call(fail)
+    m = breaker._core.metrics()
+    assert (m.would_reject, m.rejected, m.stale, m.failures) == (2, 0, 2, 2)
