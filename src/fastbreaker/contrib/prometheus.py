@@ -18,9 +18,14 @@ Series (``_total`` ones are counters, cumulative since each object was created):
 =============================================  ===============================================
 ``fastbreaker_breaker_state{name,state}``      1 for the current state, 0 for the other three
 ``fastbreaker_breaker_<c>_total{name}``        ``c`` in permitted, rejected, successes,
-                                               failures, slow_calls, ignored, stale, trips
+                                               failures, slow_calls, ignored, stale, trips,
+                                               would_reject, open_seconds, probe_successes,
+                                               probe_failures, timeouts
+``fastbreaker_breaker_call_seconds{name}``     histogram of the timed calls (breakers that
+                                               time calls: ``record_latency`` or
+                                               ``slow_call_duration``)
 ``fastbreaker_breaker_consecutive_failures``   gauge, ``{name}``
-``fastbreaker_breaker_failure_rate{name}``     gauge, window mode only
+``fastbreaker_breaker_failure_rate{name}``     gauge, count or time window only
 ``fastbreaker_map_keys{map}``                  breakers held
 ``fastbreaker_map_open_keys{map,state}``       held breakers OPEN, HALF_OPEN, ISOLATED
 ``fastbreaker_map_evicted_total{map}``         breakers dropped to respect ``max_keys``
@@ -58,6 +63,7 @@ try:
     from prometheus_client.metrics_core import (
         CounterMetricFamily,
         GaugeMetricFamily,
+        HistogramMetricFamily,
         Metric,
     )
 except ImportError as exc:  # pragma: no cover - tested in a subprocess
@@ -71,7 +77,7 @@ from .._errors import State
 __all__ = ["BreakerCollector"]
 
 T = TypeVar("T")
-_Family = Union[GaugeMetricFamily, CounterMetricFamily]
+_Family = Union[GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily]
 
 PREFIX = "fastbreaker"
 
@@ -88,6 +94,11 @@ _COUNTERS = (
     ("ignored", "ignored", "Calls with a neutral outcome (ignored or cancelled)"),
     ("stale", "stale", "Outcomes that arrived after a later state change"),
     ("opened", "trips", "Transitions into OPEN"),
+    ("would_reject", "would_reject", "Calls a dry_run breaker admitted instead of rejecting"),
+    ("open_seconds_total", "open_seconds", "Seconds spent OPEN"),
+    ("probe_successes", "probe_successes", "HALF_OPEN probes that succeeded"),
+    ("probe_failures", "probe_failures", "HALF_OPEN probes that failed or were slow"),
+    ("timeouts", "timeouts", "Failures whose exception is a TimeoutError"),
 )
 
 
@@ -213,6 +224,9 @@ class BreakerCollector:
         }
         for field, part, doc in _COUNTERS:
             f[f"breaker_{field}"] = CounterMetricFamily(f"{p}_breaker_{part}", doc, labels=["name"])
+        f["breaker_latency"] = HistogramMetricFamily(
+            f"{p}_breaker_call_seconds", "Duration of the calls the breaker timed", labels=["name"]
+        )
         f["breaker_consecutive"] = GaugeMetricFamily(
             f"{p}_breaker_consecutive_failures",
             "Consecutive failures while CLOSED",
@@ -272,6 +286,13 @@ class BreakerCollector:
         for field, _, _ in _COUNTERS:
             f[f"breaker_{field}"].add_metric([name], getattr(m, field))
         f["breaker_consecutive"].add_metric([name], m.consecutive_failures)
+        lat = m.latency
+        if lat is not None:
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(repr, lat.bounds), "+Inf"), lat.counts):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            f["breaker_latency"].add_metric([name], buckets, lat.sum)
         if m.failure_rate is not None:
             f["breaker_failure_rate"].add_metric([name], m.failure_rate)
 
