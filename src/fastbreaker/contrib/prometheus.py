@@ -73,11 +73,12 @@ except ImportError as exc:  # pragma: no cover - tested in a subprocess
     ) from exc
 
 from .._errors import State
+from .._metrics import Latency
 
 __all__ = ["BreakerCollector"]
 
 T = TypeVar("T")
-_Family = Union[GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily]
+_Family = Union[GaugeMetricFamily, CounterMetricFamily]
 
 PREFIX = "fastbreaker"
 
@@ -100,6 +101,23 @@ _COUNTERS = (
     ("probe_failures", "probe_failures", "HALF_OPEN probes that failed or were slow"),
     ("timeouts", "timeouts", "Failures whose exception is a TimeoutError"),
 )
+
+
+def _latency_family() -> HistogramMetricFamily:
+    return HistogramMetricFamily(
+        f"{PREFIX}_breaker_call_seconds", "Duration of the calls the breaker timed", labels=["name"]
+    )
+
+
+def _collect_latency(family: HistogramMetricFamily, name: str, lat: Optional[Latency]) -> None:
+    """Add a breaker's latency histogram (Prometheus buckets are cumulative; ours are not)."""
+    if lat is None:
+        return
+    cumulative, buckets = 0, []
+    for bound, count in zip((*map(repr, lat.bounds), "+Inf"), lat.counts):
+        cumulative += count
+        buckets.append((bound, float(cumulative)))
+    family.add_metric([name], buckets, lat.sum)
 
 
 class BreakerCollector:
@@ -192,7 +210,7 @@ class BreakerCollector:
         """Every metric family this collector can export (no samples): the registry uses the
         names to refuse a second collector that would export the same ones."""
         families: list[Metric] = list(self._families().values())
-        return families
+        return [*families, _latency_family()]
 
     def collect(self) -> Iterator[Metric]:
         """Read every object's metrics now and yield the families that have samples."""
@@ -201,14 +219,17 @@ class BreakerCollector:
             maps = list(self._maps.items())
             budgets = list(self._budgets.items())
         f = self._families()
+        latency = _latency_family()
         for name, breaker in breakers:
-            self._collect_breaker(f, name, breaker.metrics())
+            m = breaker.metrics()
+            self._collect_breaker(f, name, m)
+            _collect_latency(latency, name, m.latency)
         for name, m in maps:
             self._collect_map(f, name, m)
         for name, budget in budgets:
             f["budget_tokens"].add_metric([name], float(budget.tokens))
             f["budget_capacity"].add_metric([name], float(budget.capacity))
-        for family in f.values():
+        for family in (*f.values(), latency):
             if family.samples:
                 yield family
 
@@ -224,9 +245,6 @@ class BreakerCollector:
         }
         for field, part, doc in _COUNTERS:
             f[f"breaker_{field}"] = CounterMetricFamily(f"{p}_breaker_{part}", doc, labels=["name"])
-        f["breaker_latency"] = HistogramMetricFamily(
-            f"{p}_breaker_call_seconds", "Duration of the calls the breaker timed", labels=["name"]
-        )
         f["breaker_consecutive"] = GaugeMetricFamily(
             f"{p}_breaker_consecutive_failures",
             "Consecutive failures while CLOSED",
@@ -286,13 +304,6 @@ class BreakerCollector:
         for field, _, _ in _COUNTERS:
             f[f"breaker_{field}"].add_metric([name], getattr(m, field))
         f["breaker_consecutive"].add_metric([name], m.consecutive_failures)
-        lat = m.latency
-        if lat is not None:
-            cumulative, buckets = 0, []
-            for bound, count in zip((*map(repr, lat.bounds), "+Inf"), lat.counts):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            f["breaker_latency"].add_metric([name], buckets, lat.sum)
         if m.failure_rate is not None:
             f["breaker_failure_rate"].add_metric([name], m.failure_rate)
 
