@@ -5,7 +5,8 @@ and fake clocks, applies the same random operations to both (raw allow/record, p
 call outcomes that may arrive late, guarded calls through a ``failure_on`` predicate that may
 raise, clock advances, a clock that returns garbage for a while, trip/reset/isolate) and
 compares every decision and every error, the state, ``retry_after`` and the full metrics
-snapshot after each step.
+snapshot after each step. The options cover the count window, the time window
+(``window_seconds``), ``dry_run`` and the latency histogram.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(
     bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="needs the compiled core"
 )
 
-OUTCOMES = st.sampled_from([0, 1, 2, 3])  # success, slow, failure, neutral
+OUTCOMES = st.sampled_from([0, 1, 2, 3, 4])  # success, slow, failure, neutral, timeout
 BAD_READINGS = st.sampled_from([-1, 2**63, None, "1", 1.5, True])
 
 
@@ -42,7 +43,7 @@ class Weird(Exception):
 def predicate(exc: BaseException) -> bool:
     if isinstance(exc, Weird):
         raise RuntimeError("the predicate itself fails")
-    return isinstance(exc, Boom)
+    return isinstance(exc, (Boom, TimeoutError))
 
 
 class HostileClock(FakeClock):
@@ -68,6 +69,10 @@ def outcome_of(fn):
 class SameBehaviour(RuleBasedStateMachine):
     @initialize(
         window=st.sampled_from([0, 0, 1, 3, 5, 10]),
+        window_seconds=st.sampled_from([None, None, 1, 3, 20]),
+        window_buckets=st.sampled_from([1, 3, 10]),
+        dry_run=st.booleans(),
+        record_latency=st.booleans(),
         failure_threshold=st.integers(1, 5),
         min_calls=st.integers(1, 6),
         failure_rate=st.sampled_from([0.1, 0.3, 0.5, 0.7, 1.0]),
@@ -84,6 +89,10 @@ class SameBehaviour(RuleBasedStateMachine):
     def build(
         self,
         window,
+        window_seconds,
+        window_buckets,
+        dry_run,
+        record_latency,
         failure_threshold,
         min_calls,
         failure_rate,
@@ -102,7 +111,12 @@ class SameBehaviour(RuleBasedStateMachine):
         kw = dict(
             failure_threshold=failure_threshold,
             reset_timeout=reset_timeout,
-            window=window,
+            window=0 if window_seconds else window,
+            window_seconds=window_seconds,
+            window_buckets=window_buckets,
+            dry_run=dry_run,
+            record_latency=record_latency,
+            latency_buckets=(0.2, 1.0) if record_latency and use_predicate else None,
             min_calls=min_calls,
             failure_rate=failure_rate,
             slow_call_duration=slow,
@@ -111,7 +125,7 @@ class SameBehaviour(RuleBasedStateMachine):
             success_threshold=successes,
             max_reset_timeout=max(max_reset, reset_timeout) if max_reset else None,
             probe_timeout=probe_timeout,
-            failure_on=predicate if use_predicate else (Boom, Weird),
+            failure_on=predicate if use_predicate else (Boom, Weird, TimeoutError),
         )
         self.clocks = [HostileClock(10**12), HostileClock(10**12)]
         self.breakers = [
@@ -129,14 +143,24 @@ class SameBehaviour(RuleBasedStateMachine):
         assert a == b
         return a
 
-    @rule(kind=st.sampled_from(["return", "Boom", "Other", "Weird"]))
-    def call(self, kind):
-        def fn():
+    @rule(
+        kind=st.sampled_from(["return", "Boom", "Other", "Weird", "Timeout"]),
+        takes=st.sampled_from([0, 0.1, 0.7]),
+    )
+    def call(self, kind, takes):
+        def fn(clock):
+            if not clock.broken:
+                clock.advance(takes)  # the call takes time on its own breaker's clock
             if kind != "return":
-                raise {"Boom": Boom, "Other": Other, "Weird": Weird}[kind]()
+                raise {"Boom": Boom, "Other": Other, "Weird": Weird, "Timeout": TimeoutError}[
+                    kind
+                ]()
             return 1
 
-        self.both(lambda b: b.call(fn))
+        ra, rp = (
+            outcome_of(lambda b=b, c=c: b.call(fn, c)) for b, c in zip(self.breakers, self.clocks)
+        )
+        assert ra == rp
 
     @rule(bad=BAD_READINGS)
     def clock_goes_bad(self, bad):

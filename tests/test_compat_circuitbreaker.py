@@ -619,3 +619,18 @@ def test_monitor_holds_breakers_weakly() -> None:
 def test_recovery_timeout_is_validated() -> None:
     with pytest.raises(ValueError, match="recovery_timeout"):
         CircuitBreaker(recovery_timeout=-1)
+
+
+def test_dry_run_never_refuses(ft: FakeTime) -> None:
+    breaker = CircuitBreaker(
+        failure_threshold=2, recovery_timeout=30, expected_exception=ConnectionError, dry_run=True
+    )
+    call = breaker(work)
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            call("fail")
+    assert breaker.opened
+    assert call("ok") == "ok:ok"  # would have been refused
+    m = breaker._core.metrics()
+    assert (m.would_reject, m.rejected, m.stale) == (1, 0, 1)
+    assert circuit(dry_run=True)._core.metrics().would_reject == 0

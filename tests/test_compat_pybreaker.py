@@ -766,3 +766,20 @@ def test_redis_storage_is_shared_with_real_pybreaker(peer: Any) -> None:
         ours.call(lambda: 1)
     ours.close()
     assert theirs.current_state == "closed" and theirs.fail_counter == 0
+
+
+def test_dry_run_never_refuses_and_keeps_the_original_errors(ft: FakeTime) -> None:
+    breaker = pybreaker.CircuitBreaker(fail_max=2, reset_timeout=30, dry_run=True)
+
+    def fail() -> None:
+        raise ConnectionError("down")
+
+    for _ in range(2):
+        with pytest.raises(ConnectionError):  # no CircuitBreakerError on the trip either
+            breaker.call(fail)
+    assert breaker.current_state == pybreaker.STATE_OPEN
+    assert breaker.call(lambda: 5) == 5  # would have been refused
+    with pytest.raises(ConnectionError):
+        breaker.call(fail)
+    m = breaker._core.metrics()
+    assert (m.would_reject, m.rejected, m.stale, m.failures) == (2, 0, 2, 2)

@@ -753,3 +753,15 @@ def test_a_clear_error_without_httpx():
     )
     assert out.returncode == 0, out.stderr
     assert "pip install 'fastbreaker[httpx]'" in out.stdout
+
+
+def test_dry_run_map_sends_every_request(fb, clock, hosts):
+    m = fb.BreakerMap(failure_threshold=2, reset_timeout=30.0, clock=clock, dry_run=True)
+    with client_for(BreakerTransport(breakers=m)) as client:
+        for _ in range(4):
+            assert client.get(hosts.failing.url).status_code == 503
+    assert len(hosts.failing.hits) >= 4  # nothing was refused
+    breaker = m.get(key(hosts.failing.url))
+    mm = breaker.metrics()
+    assert breaker.state == fb.State.OPEN
+    assert (mm.would_reject, mm.rejected, mm.stale, mm.failures) == (2, 0, 2, 2)

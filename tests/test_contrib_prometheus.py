@@ -151,6 +151,63 @@ def _raise() -> None:
     raise ValueError("down")
 
 
+def test_round_two_metrics_and_the_latency_histogram(fb, clock, registry, scrape):
+    b = fb.CircuitBreaker(
+        failure_threshold=1,
+        reset_timeout=5.0,
+        name="dry",
+        clock=clock,
+        dry_run=True,
+        record_latency=True,
+        latency_buckets=(0.1, 1.0),
+    )
+    untimed = fb.CircuitBreaker(name="untimed", clock=clock)
+    registry.register(BreakerCollector(breakers=[b, untimed]))
+
+    def slow_timeout() -> None:
+        clock.advance(0.5)
+        raise TimeoutError
+
+    with pytest.raises(TimeoutError):
+        b.call(slow_timeout)  # trips
+    b.call(lambda: clock.advance(0.05))  # would be rejected: admitted
+    clock.advance(5.0)
+    b.call(lambda: clock.advance(2.0))  # the probe: closes
+    s = scrape()
+    m = b.metrics()
+    assert (m.would_reject, m.timeouts, m.probe_successes, m.probe_failures) == (1, 1, 1, 0)
+    for field, part in (
+        ("would_reject", "would_reject"),
+        ("timeouts", "timeouts"),
+        ("probe_successes", "probe_successes"),
+        ("probe_failures", "probe_failures"),
+        ("open_seconds_total", "open_seconds"),
+    ):
+        assert s(f"fastbreaker_breaker_{part}_total", name="dry") == getattr(m, field)
+    assert s("fastbreaker_breaker_open_seconds_total", name="dry") == pytest.approx(5.05)
+    assert s("fastbreaker_breaker_call_seconds_bucket", name="dry", le="0.1") == 1
+    assert s("fastbreaker_breaker_call_seconds_bucket", name="dry", le="1.0") == 2
+    assert s("fastbreaker_breaker_call_seconds_bucket", name="dry", le="+Inf") == 3
+    assert s("fastbreaker_breaker_call_seconds_count", name="dry") == 3
+    assert s("fastbreaker_breaker_call_seconds_sum", name="dry") == pytest.approx(2.55)
+    assert not any(
+        dict(labels).get("name") == "untimed"
+        for labels in s.series("fastbreaker_breaker_call_seconds_count")
+    )
+
+
+def test_map_totals_of_round_two_counters(fb, clock, registry, scrape):
+    m = fb.BreakerMap(failure_threshold=1, clock=clock, dry_run=True)
+    registry.register(BreakerCollector(maps={"hosts": m}))
+    m.allow("a")
+    m.record_failure("a")
+    m.allow("a")
+    clock.advance(3.0)
+    s = scrape()
+    assert s("fastbreaker_map_would_reject_total", map="hosts") == 1
+    assert s("fastbreaker_map_open_seconds_total", map="hosts") == pytest.approx(3.0)
+
+
 def test_window_mode_exports_the_failure_rate(fb, clock, registry, scrape):
     b = fb.CircuitBreaker(window=10, min_calls=10, name="w", clock=clock)
     for ok in (True, True, True, False):

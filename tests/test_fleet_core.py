@@ -53,6 +53,28 @@ def test_open_sets_the_remaining_time_on_the_local_clock(
     assert b.state == State.HALF_OPEN
 
 
+def test_open_seconds_count_the_fleet_episode_from_its_start(
+    fb: types.SimpleNamespace, clock: FakeClock
+) -> None:
+    """A fleet OPEN shifts the open period's start to end it at the fleet's time; the episode
+    counted in open_seconds_total still begins when the breaker opened, whatever the shift."""
+    b = fb.CircuitBreaker(5, 30.0, clock=clock)
+    clock.advance(100.0)
+    assert b._fleet(1, -1, OPEN, 2.5, 0)[0]
+    clock.advance(2.0)
+    assert b.metrics().open_seconds_total == pytest.approx(2.0)
+    assert b._fleet(2, -1, OPEN, 50.0, 0)[0]  # longer than reset_timeout: start in the future
+    clock.advance(1.0)
+    assert b.metrics().open_seconds_total == pytest.approx(3.0)
+    assert b._fleet(3, -1, CLOSED, 0.0, 0)[0]  # the fleet closes it: the episode ends now
+    clock.advance(5.0)
+    assert b.metrics().open_seconds_total == pytest.approx(3.0)
+    b.trip()
+    clock.advance(4.0)
+    b.reset()
+    assert b.metrics().open_seconds_total == pytest.approx(7.0)
+
+
 def test_half_open_admits_only_the_leased_probes(
     fb: types.SimpleNamespace, clock: FakeClock
 ) -> None:

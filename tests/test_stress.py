@@ -318,6 +318,107 @@ def test_racy_breaker_core_is_caught(racy: Any) -> None:
     assert reports[-1].violations, f"the racy core went undetected: {[str(r) for r in reports]}"
 
 
+# -- the time window's buckets -------------------------------------------------------------------
+# Rounds of WINDOW_BUCKETS epochs: within a round every outcome stays in the window, so the
+# window must hold all of them at the round's end; each round starts on buckets that hold the
+# previous round's epochs, so the first writer of each epoch resets one (the reset CAS).
+WINDOW_BUCKETS = 100
+WINDOW_PER_EPOCH = 1000  # per thread: THREADS * this stays below a bucket's saturation
+
+
+def hammer_window(client: Any, breaker: Any, clock: Any, seconds: float) -> list[str]:
+    """Run rounds from THREADS threads for ``seconds``; the violations found at round ends."""
+    width = breaker._config.options.bucket_ns
+    barrier = threading.Barrier(THREADS + 1)
+    first = [0]
+    stop = [False]
+    released = [0] * THREADS
+
+    def worker(i: int) -> None:
+        while True:
+            barrier.wait()
+            if stop[0]:
+                return
+            released[i] = client.hammer_window(
+                breaker, first[0], width, WINDOW_BUCKETS, WINDOW_PER_EPOCH
+            )
+            barrier.wait()
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in workers:
+        t.start()
+    found: list[str] = []
+    end = time.monotonic() + seconds
+    epoch = 10**6  # far from the buckets' initial tag
+    try:
+        while time.monotonic() < end and len(found) < 5:
+            first[0] = epoch * width
+            stale = breaker.metrics().stale
+            barrier.wait()  # start the round
+            barrier.wait()  # wait for its end
+            epoch += WINDOW_BUCKETS
+            clock.set_ns((epoch - 1) * width)
+            m = breaker.metrics()
+            want = THREADS * WINDOW_BUCKETS * WINDOW_PER_EPOCH
+            if sum(released) != want or m.recorded != want or m.stale != stale:
+                found.append(
+                    f"round at epoch {epoch}: reported {sum(released)}, window holds "
+                    f"{m.recorded} of {want}, {m.stale - stale} stale"
+                )
+    finally:
+        stop[0] = True
+        barrier.wait()
+        for t in workers:
+            t.join()
+    return found
+
+
+class _SetClock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def set_ns(self, ns: int) -> None:
+        self.ns = ns
+
+
+def window_breaker(core: Any) -> tuple[Any, _SetClock]:
+    clock = _SetClock()
+    breaker = core(
+        window_seconds=WINDOW_BUCKETS, window_buckets=WINDOW_BUCKETS, min_calls=1, clock=clock
+    )
+    return breaker, clock
+
+
+@needs_c
+@needs_cc
+@own_threads
+def test_time_window_buckets_lose_nothing_under_parallel_hammer(client: Any) -> None:
+    from fastbreaker import _breaker_c
+
+    breaker, clock = window_breaker(_breaker_c.CircuitBreaker)
+    found = hammer_window(client, breaker, clock, SECONDS)
+    print(f"\n[stress time window] {breaker.metrics().recorded} in the last round; {found}")
+    assert not found
+
+
+@needs_c
+@needs_cc
+@own_threads
+def test_racy_time_window_is_caught(racy: Any) -> None:
+    """The negative control: bucket updates and resets by a CAS that is not atomic lose counts."""
+    found: list[str] = []
+    for _ in range(RACY_ATTEMPTS):
+        breaker, clock = window_breaker(racy.CircuitBreaker)
+        found = hammer_window(racy.client, breaker, clock, 1.0)
+        if found:
+            break
+    print(f"\n[stress time window racy] {found}")
+    assert found, "the racy time window went undetected"
+
+
 # -- the budget hammer ---------------------------------------------------------------------------
 UNIT = 1_000_000
 ITERATIONS = 400_000

@@ -26,6 +26,7 @@ from . import testing
 from ._bulkhead import BulkheadMetrics
 from ._deadline import Deadline, current_deadline, deadline
 from ._map import BreakerMap, MapMetrics
+from ._metrics import Latency
 from ._retry import retry, retrying
 from ._version import __version__ as __version__
 
@@ -48,6 +49,7 @@ __all__ = [
     "CircuitOpenError",
     "Deadline",
     "DeadlineExceeded",
+    "Latency",
     "MapMetrics",
     "Metrics",
     "RetryBudget",

@@ -20,6 +20,7 @@ cdef extern from "_fb_breaker.h" nogil:
         FB_SLOW
         FB_FAILURE
         FB_NEUTRAL
+        FB_TIMEOUT
         FB_REJECTED
         FB_NEED_CLOCK
 
@@ -35,8 +36,9 @@ cdef int64_t fb_breaker_acquire(fb_breaker_t *b, int64_t now) noexcept nogil
 # state-change callbacks).
 cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil
 
-# Report the outcome (FB_SUCCESS, FB_SLOW, FB_FAILURE, FB_NEUTRAL) of the call admitted with
-# `permit`. Returns 0, or FB_NEED_CLOCK (nothing recorded) when the time is needed and unknown.
+# Report the outcome (FB_SUCCESS, FB_SLOW, FB_FAILURE, FB_NEUTRAL, or FB_TIMEOUT: a failure that
+# also counts in `timeouts`) of the call admitted with `permit`. Returns 0, or FB_NEED_CLOCK
+# (nothing recorded) when the time is needed and unknown.
 cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_t now) noexcept nogil
 
 # With the GIL: call fn(*args, **kwargs) (kwargs may be None) through `breaker`, a compiled

@@ -18,7 +18,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport INFINITY
 
 from ._errors import CircuitOpenError, State, label_name
-from ._metrics import Metrics
+from ._metrics import Latency, Metrics
 from fractions import Fraction
 
 from . import _calls
@@ -45,7 +45,10 @@ cdef extern from "_fb_breaker.h" nogil:
         int64_t failure_threshold, min_calls, window, half_open_max, success_threshold
         int64_t reset_ns, max_reset_ns, probe_timeout_ns, slow_ns
         double failure_rate, slow_rate
+        int64_t bucket_ns, buckets
         int use_c_clock
+        int dry_run
+        int timed
         group_t *group
         void *owner
     ctypedef struct window_t "fb_window_t":
@@ -56,6 +59,10 @@ cdef extern from "_fb_breaker.h" nogil:
         window_t *win
         config_t *cfg
         int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened
+        int64_t *tw
+        int64_t *lat
+        int64_t would_reject, open_ns, probe_ok, probe_failed, timeouts
+        int64_t open_from
 
 # The config pointer is swapped (BreakerMap) while other threads read it: atomic accesses.
 cdef inline config_t *cfg_of(core_t *b) noexcept nogil:
@@ -82,7 +89,12 @@ cdef enum:
     AGG_BITS = 21
     AGG_MASK = 0x1FFFFF
     AGG_BIAS = 0x100000
+    TAG_SHIFT = 42
+    TAG_MASK = 0x3FFFFF
+    CNT_BITS = 14
+    CNT_MASK = 0x3FFF
 
+cdef int64_t DRY_RUN_PERMIT = (<int64_t>1) << 62  # _options.DRY_RUN_PERMIT: no generation's
 cdef int64_t CONSEC_MASK = ((<int64_t>1) << CONSEC_SHIFT) - 1
 cdef int64_t AGG_ZERO = (<int64_t>AGG_BIAS) | ((<int64_t>AGG_BIAS) << AGG_BITS) | ((<int64_t>AGG_BIAS) << (2 * AGG_BITS))
 
@@ -148,11 +160,16 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
 cdef int64_t transition(core_t *b, int64_t w, int new, int64_t now, int64_t inflight,
                         int64_t level, bint reserved, int *trans) noexcept nogil:
     cdef int old = w & ST_MASK
-    cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.gen_hi)
+    cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.gen_hi), since
     if (old == S_CLOSED) != (new == S_CLOSED) and not reserved:
         group_open_add(b, 1 if old == S_CLOSED else -1)
+    if old == S_OPEN:
+        since = fb_load_rlx(&b.open_from)
+        if now > since:
+            fb_add(&b.open_ns, now - since)
     if new == S_OPEN:
         fb_store_rlx(&b.since_ns, now)
+        fb_store_rlx(&b.open_from, now)
         fb_add(&b.opened, 1)
     elif new == S_HALF_OPEN:
         fb_store_rlx(&b.since_ns, now)
@@ -180,6 +197,9 @@ cdef inline void clear_window(core_t *b, int64_t new_gen) noexcept nogil:
     cdef window_t *win = b.win
     cdef int64_t i, nwords
     fb_store_rlx(&b.consec, (new_gen & GEN_MASK) << CONSEC_SHIFT)
+    if b.tw != NULL:
+        for i in range(cfg_of(b).buckets + 1):
+            fb_store_rlx(&b.tw[i], 0)
     if win == NULL:
         return
     nwords = (cfg_of(b).window + 31) >> 5
@@ -248,6 +268,10 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             fb_add(&b.permitted, 1)
             trans[0] = trans_code(S_HALF_OPEN, S_HALF_OPEN, gen)
             return full_gen(b, w)
+    if c.dry_run:
+        fb_add(&b.would_reject, 1)
+        fb_add(&b.permitted, 1)
+        return DRY_RUN_PERMIT
     fb_add(&b.rejected, 1)
     return FB_REJECTED_
 
@@ -257,6 +281,9 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
     cdef int64_t w, gen, ok
     cdef int st
     cdef config_t *c = cfg_of(b)
+    cdef bint timeout = outcome == FB_TIMEOUT
+    if timeout:
+        outcome = FB_FAILURE
     w = fb_load_acq(&b.word)
     while True:
         st = w & ST_MASK
@@ -265,7 +292,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             fb_add(&b.stale, 1)
             return 0
         if st == S_CLOSED:
-            return release_closed(b, permit, outcome, now, trans)
+            return release_closed(b, permit, outcome, timeout, now, trans)
         # HALF_OPEN: a probe reports
         if w_inflight(w) == 0:
             fb_add(&b.stale, 1)
@@ -283,9 +310,12 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
                 continue
             if outcome == FB_FAILURE:
                 fb_add(&b.failures, 1)
+                if timeout:
+                    fb_add(&b.timeouts, 1)
             else:
                 fb_add(&b.successes, 1)
                 fb_add(&b.slow_calls, 1)
+            fb_add(&b.probe_failed, 1)
             transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
             return 0
         ok = w_ok(w) + 1
@@ -293,23 +323,37 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
             fb_add(&b.successes, 1)
+            fb_add(&b.probe_ok, 1)
             transition(b, w, S_CLOSED, 0, 0, 0, False, trans)
             return 0
         if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
             fb_add(&b.successes, 1)
+            fb_add(&b.probe_ok, 1)
             return 0
 
-cdef inline int release_closed(core_t *b, int64_t permit, int outcome, int64_t now, int *trans) noexcept nogil:
+cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint timeout, int64_t now,
+                               int *trans) noexcept nogil:
     cdef config_t *c = cfg_of(b)
     cdef bint failed, slow, trip = False
+    cdef bint windowed = b.win != NULL or b.tw != NULL
     cdef int64_t cur, count, tag, gen = permit & GEN_MASK
     if outcome == FB_NEUTRAL:
         fb_add(&b.ignored, 1)
         return 0
     failed = outcome == FB_FAILURE
     slow = outcome == FB_SLOW
+    if b.tw != NULL:
+        # the bucket decides first whether the outcome counts at all
+        now = resolve_now(b, now)
+        if now < 0:
+            return FB_NEED_CLOCK_
+        if not twindow_record(b, c, now, failed, slow):
+            fb_add(&b.stale, 1)
+            return 0
     if failed:
         fb_add(&b.failures, 1)
+        if timeout:
+            fb_add(&b.timeouts, 1)
     else:
         fb_add(&b.successes, 1)
         if slow:
@@ -317,7 +361,7 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, int64_t n
     # consecutive failures, tagged with the generation (an older tag counts as zero)
     cur = fb_load_rlx(&b.consec)
     tag = gen << CONSEC_SHIFT
-    if failed or (slow and b.win == NULL):
+    if failed or (slow and not windowed):
         while True:
             if (cur >> CONSEC_SHIFT) == gen:
                 count = (cur & CONSEC_MASK) + 1
@@ -328,12 +372,14 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, int64_t n
                 break
             if fb_cas_strong(&b.consec, &cur, tag | count):
                 break
-        if b.win == NULL and count >= opt(&c.failure_threshold):
+        if not windowed and count >= opt(&c.failure_threshold):
             trip = True
     elif (cur >> CONSEC_SHIFT) == gen and (cur & CONSEC_MASK) != 0:
         fb_cas_strong(&b.consec, &cur, tag)
     if b.win != NULL:
         trip = window_record(b, 2 if failed else (3 if slow else 1))
+    elif b.tw != NULL and (failed or slow):
+        trip = twindow_trips(b, c, now)
     if trip:
         return trip_auto(b, permit, now, trans)
     return 0
@@ -368,6 +414,55 @@ cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
     if <double>fail / <double>rec >= c.failure_rate:
         return True
     return c.slow_ns != 0 and <double>slow / <double>rec >= c.slow_rate
+
+# -- the time window (see _breaker_py's module docstring and _fb_breaker.h) ----------------------
+cdef inline int64_t bucket_tag(int64_t word) noexcept nogil:
+    return <int64_t>(<uint64_t>word >> TAG_SHIFT)
+
+cdef inline bint twindow_record(core_t *b, config_t *c, int64_t now, bint failed, bint slow) noexcept nogil:
+    """Count one outcome in the bucket of `now` (True), or False if that bucket rolled out."""
+    cdef int64_t epoch = now // c.bucket_ns
+    cdef int64_t tag = epoch & TAG_MASK
+    cdef int64_t *slot = &b.tw[1 + epoch % c.buckets]
+    cdef int64_t add = 1 + ((<int64_t>failed) << CNT_BITS) + ((<int64_t>slow) << (2 * CNT_BITS))
+    cdef int64_t cur = fb_load_rlx(slot), last
+    while True:
+        if bucket_tag(cur) == tag:
+            if (cur & CNT_MASK) == CNT_MASK:
+                return True  # saturated: the bucket keeps its first CNT_MASK outcomes
+            if fb_cas(slot, &cur, cur + add):
+                return True  # the common case: one CAS
+            continue
+        # A stale tag: reset the bucket to this epoch, unless it holds a later one. The latest
+        # reset epoch is raised before the reset, so a bucket never holds an epoch above it.
+        last = fb_load_acq(&b.tw[0])
+        if last > epoch and ((bucket_tag(cur) - tag) & TAG_MASK) < (TAG_MASK >> 1):
+            return False
+        if last < epoch:
+            fb_max(&b.tw[0], epoch)
+        if fb_cas(slot, &cur, <int64_t>((<uint64_t>tag << TAG_SHIFT) | <uint64_t>add)):
+            return True
+
+cdef inline void twindow_sums(core_t *b, config_t *c, int64_t now, int64_t *sums) noexcept nogil:
+    """sums[0..2] = recorded, failed, slow over the buckets of the window ending at `now`."""
+    cdef int64_t epoch = now // c.bucket_ns, n = c.buckets, i, w, expected
+    sums[0] = sums[1] = sums[2] = 0
+    for i in range(n):
+        w = fb_load_rlx(&b.tw[1 + i])
+        expected = (epoch - (((epoch - i) % n) + n) % n) & TAG_MASK
+        if bucket_tag(w) == expected:
+            sums[0] += w & CNT_MASK
+            sums[1] += (w >> CNT_BITS) & CNT_MASK
+            sums[2] += (w >> (2 * CNT_BITS)) & CNT_MASK
+
+cdef inline bint twindow_trips(core_t *b, config_t *c, int64_t now) noexcept nogil:
+    cdef int64_t sums[3]
+    twindow_sums(b, c, now, sums)
+    if sums[0] <= 0 or sums[0] < opt(&c.min_calls):
+        return False
+    if <double>sums[1] / <double>sums[0] >= c.failure_rate:
+        return True
+    return c.slow_ns != 0 and <double>sums[2] / <double>sums[0] >= c.slow_rate
 
 cdef int trip_auto(core_t *b, int64_t permit, int64_t now, int *trans) noexcept nogil:
     """CLOSED(permit) -> OPEN after an outcome crossed the threshold; NEED_TRIP without a time."""
@@ -446,7 +541,7 @@ cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_
     cdef int trans = 0
     if now < 0 and not cfg_of(<core_t *>b).use_c_clock:
         return FB_NEED_CLOCK_  # a breaker with a Python clock needs the caller's time
-    if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
+    if outcome < FB_SUCCESS or outcome > FB_TIMEOUT:
         outcome = FB_FAILURE
     return release(<core_t *>b, permit, outcome, now, &trans)
 
@@ -459,7 +554,7 @@ cdef int fb_breaker_release_ex(fb_breaker_t *b, int64_t permit, int outcome, int
     info[0] = 0
     if now < 0 and not cfg_of(<core_t *>b).use_c_clock:
         return FB_NEED_CLOCK_
-    if outcome < FB_SUCCESS or outcome > FB_NEUTRAL:
+    if outcome < FB_SUCCESS or outcome > FB_TIMEOUT:
         outcome = FB_FAILURE
     return release(<core_t *>b, permit, outcome, now, info)
 
@@ -565,6 +660,10 @@ cdef class Config:
         self.c.slow_ns = options.slow_ns
         self.c.failure_rate = options.failure_rate
         self.c.slow_rate = options.slow_rate
+        self.c.bucket_ns = options.bucket_ns
+        self.c.buckets = options.window_buckets
+        self.c.dry_run = options.dry_run
+        self.c.timed = options.timed
         self.c.use_c_clock = options.clock is None
         self.c.group = &(<Group>group).g if group is not None else NULL
         self.c.owner = <void *>self
@@ -660,6 +759,12 @@ cdef class CircuitBreaker:
         if self.st.win != NULL:
             PyMem_Free(self.st.win)
             self.st.win = NULL
+        if self.st.tw != NULL:
+            PyMem_Free(self.st.tw)
+            self.st.tw = NULL
+        if self.st.lat != NULL:
+            PyMem_Free(self.st.lat)
+            self.st.lat = NULL
         if c != NULL:
             fb_store_ptr(<void **>&self.st.cfg, NULL)
             Py_DECREF(<object>c.owner)
@@ -693,8 +798,10 @@ cdef class CircuitBreaker:
         cdef object old_owner = <object>old.owner
         if config is old_owner:
             return
-        if config.c.window != old.window:
-            raise ValueError("a breaker's window size cannot change")
+        if (config.c.window != old.window or config.c.bucket_ns != old.bucket_ns
+                or config.c.buckets != old.buckets or config.c.timed != old.timed
+                or config.options.latency_bounds != (<Config>old.owner).options.latency_bounds):
+            raise ValueError("a breaker's window size and latency histogram cannot change")
         if config.options is None:
             raise ValueError("config was never initialised")
         if not any(r is old_owner for r in config.retired):
@@ -731,6 +838,17 @@ cdef class CircuitBreaker:
 
     def _now(self):
         return now_of(self)
+
+    def _observe(self, int64_t elapsed_ns):
+        """Add a timed call's duration to the latency histogram (no-op when not timing)."""
+        cdef int64_t *lat = self.st.lat
+        cdef Py_ssize_t i
+        if lat == NULL:
+            return
+        bounds = (<Config>live(self).owner).options.latency_bounds_ns
+        i = _bisect_left(bounds, elapsed_ns)
+        fb_add(&lat[i], 1)
+        fb_add(&lat[len(bounds) + 1], elapsed_ns)
 
     # -- raw API ---------------------------------------------------------------------------
     @cython.binding(False)
@@ -795,7 +913,7 @@ cdef class CircuitBreaker:
         cdef int64_t start = 0
         if permit < 0:
             raise open_error(self)
-        if cfg_of(&self.st).slow_ns:
+        if cfg_of(&self.st).timed:
             start = _calls.start_or_release(self, permit)
         rest = _active_get()
         while rest is not None and rest not in _open_blocks:
@@ -819,8 +937,11 @@ cdef class CircuitBreaker:
         else:
             permit, start = _calls.pop_entry(self)
         if exc is not None:
-            finish(self, permit, (<Config>cfg_of(&self.st).owner).options.classify(exc))
-        elif cfg_of(&self.st).slow_ns:
+            if cfg_of(&self.st).timed:
+                _calls.finish_raised(self, permit, start, exc)
+            else:
+                finish(self, permit, (<Config>cfg_of(&self.st).owner).options.classify(exc))
+        elif cfg_of(&self.st).timed:
             _calls.finish_returned(self, permit, start)
         else:
             finish(self, permit, FB_SUCCESS)
@@ -840,13 +961,11 @@ cdef class CircuitBreaker:
 
     def isolate(self):
         """Reject every call until ``reset()``."""
-        live(self)
-        fire(self, manual(&self.st, S_ISOLATED, 0))
+        fire(self, manual(&self.st, S_ISOLATED, episode_end(self)))
 
     def reset(self):
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
-        live(self)
-        fire(self, manual(&self.st, S_CLOSED, 0))
+        fire(self, manual(&self.st, S_CLOSED, episode_end(self)))
 
     # -- inspection --------------------------------------------------------------------------------
     @property
@@ -867,17 +986,35 @@ cdef class CircuitBreaker:
         return retry_after_of(self, fb_load_acq(&self.st.word))
 
     def metrics(self):
-        """An immutable snapshot of the counters."""
-        live(self)
+        """An immutable snapshot of the counters (with a time window or while OPEN, it reads
+        the clock: a failing user clock leaves the current bucket and episode out)."""
+        cdef config_t *c = live(self)
         cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t since = fb_load_rlx(&self.st.open_from)
         cdef int64_t cur = fb_load_rlx(&self.st.consec), agg, rec = 0, fail = 0, slow = 0
+        cdef int64_t now = 0, open_ns
+        cdef int64_t sums[3]
         cdef bint closed = (w & ST_MASK) == S_CLOSED
-        cdef bint windowed = self.st.win != NULL
-        if windowed:
+        cdef bint windowed = self.st.win != NULL or self.st.tw != NULL
+        latency = latency_of(self)
+        if (w & ST_MASK) == S_OPEN or self.st.tw != NULL:
+            try:
+                now = now_of(self)
+            except Exception:
+                now = -1
+        open_ns = fb_load_rlx(&self.st.open_ns)
+        if now < 0:
+            now = fb_load_rlx(&self.st.tw[0]) * c.bucket_ns if self.st.tw != NULL else 0
+        elif (fb_load_acq(&self.st.word) & ST_MASK) == S_OPEN and fb_load_rlx(&self.st.open_from) == since:
+            open_ns += now - since if now > since else 0
+        if self.st.win != NULL:
             agg = fb_load_rlx(&self.st.win.agg)
             rec = (agg & AGG_MASK) - AGG_BIAS
             fail = ((agg >> AGG_BITS) & AGG_MASK) - AGG_BIAS
             slow = ((agg >> (2 * AGG_BITS)) & AGG_MASK) - AGG_BIAS
+        elif self.st.tw != NULL:
+            twindow_sums(&self.st, c, now, sums)
+            rec, fail, slow = sums[0], sums[1], sums[2]
         return Metrics(
             state=_STATES[w & ST_MASK],
             permitted=fb_load_rlx(&self.st.permitted),
@@ -892,6 +1029,12 @@ cdef class CircuitBreaker:
             failure_rate=((<double>fail / rec) if rec > 0 else 0.0) if windowed else None,
             slow_call_rate=((<double>slow / rec) if rec > 0 else 0.0) if windowed else None,
             recorded=rec if windowed else 0,
+            would_reject=fb_load_rlx(&self.st.would_reject),
+            open_seconds_total=open_ns / 1e9,
+            probe_successes=fb_load_rlx(&self.st.probe_ok),
+            probe_failures=fb_load_rlx(&self.st.probe_failed),
+            timeouts=fb_load_rlx(&self.st.timeouts),
+            latency=latency,
         )
 
     def on_state_change(self, callback):
@@ -930,7 +1073,7 @@ cdef class CircuitBreaker:
         if probes < 0 or probes > hmax:
             raise ValueError(
                 f"probes must be in 0..{hmax} (half_open_max_calls), got {probes!r}")
-        if state != S_CLOSED and fleet_gen > self._fleet_gen:
+        if fleet_gen > self._fleet_gen:
             now = now_of(self)  # before the claim: a Python clock must not run under it
         if fleet_gen > self._fleet_gen:
             # Fenced under a claim of the word: no transition can happen between the checks
@@ -942,14 +1085,19 @@ cdef class CircuitBreaker:
                 applied = True
                 self._fleet_gen = fleet_gen
                 if state == S_CLOSED and (w & ST_MASK) != S_CLOSED:
-                    transition(&self.st, w, S_CLOSED, 0, 0, 0, False, &trans)
+                    transition(&self.st, w, S_CLOSED, now, 0, 0, False, &trans)
                 elif state == S_OPEN:
+                    # the open period ends `seconds` from now: shift its start; the episode
+                    # (open_seconds_total) still begins now, or when the breaker tripped
                     since = now + <int64_t>(seconds * 1e9) - open_period(c, w_level(w))
                     if (w & ST_MASK) == S_OPEN:
                         fb_store_rlx(&self.st.since_ns, since)
                         fb_store_rel(&self.st.word, w)
                     else:
-                        transition(&self.st, w, S_OPEN, since, 0, w_level(w), False, &trans)
+                        # trip now, then shift the period's start: until the store, a reader
+                        # sees a full open period from now (it rejects, as it will after)
+                        transition(&self.st, w, S_OPEN, now, 0, w_level(w), False, &trans)
+                        fb_store_rlx(&self.st.since_ns, since)
                 elif state == S_HALF_OPEN:
                     transition(&self.st, w, S_HALF_OPEN, now, hmax - probes, w_level(w), False,
                                &trans)
@@ -976,10 +1124,35 @@ cdef setup(CircuitBreaker self, Config config, label):
         if self.st.win == NULL:
             raise MemoryError()
         self.st.win.agg = AGG_ZERO
+    if config.c.bucket_ns:
+        self.st.tw = <int64_t *>PyMem_Calloc(config.c.buckets + 1, sizeof(int64_t))
+        if self.st.tw == NULL:
+            raise MemoryError()
+    if config.c.timed:
+        self.st.lat = <int64_t *>PyMem_Calloc(len(config.options.latency_bounds_ns) + 2, sizeof(int64_t))
+        if self.st.lat == NULL:
+            raise MemoryError()
     Py_INCREF(config)
     fb_store_ptr(<void **>&self.st.cfg, &config.c)
     self._label = label
     fb_store_rel(&self.st.word, 0)  # CLOSED, generation 0: usable from here on
+
+cdef int64_t episode_end(CircuitBreaker self) except? -1:
+    """The time an OPEN episode ends at (reset/isolate), read only while OPEN; else 0."""
+    live(self)
+    if (fb_load_acq(&self.st.word) & ST_MASK) == S_OPEN:
+        return now_of(self)
+    return 0
+
+cdef object latency_of(CircuitBreaker self):
+    cdef int64_t *lat = self.st.lat
+    cdef Py_ssize_t i, nb
+    if lat == NULL:
+        return None
+    bounds = (<Config>cfg_of(&self.st).owner).options.latency_bounds
+    nb = len(bounds)
+    counts = tuple([fb_load_rlx(&lat[i]) for i in range(nb + 1)])
+    return Latency(bounds, counts, fb_load_rlx(&lat[nb + 1]) / 1e9, sum(counts))
 
 cdef inline config_t *live(CircuitBreaker self) except NULL:
     """The breaker's config, or RuntimeError for an object whose __init__ never ran."""
@@ -1033,14 +1206,17 @@ cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
     # Hold the config for the whole call: a BreakerMap may swap it while fn runs.
     config = <Config>cfg_of(&self.st).owner
     c = &config.c
-    if c.slow_ns:
+    if c.timed:
         start = _calls.start_or_release(self, permit)
     try:
         result = fn(*args, **kwargs) if kwargs else fn(*args)
     except BaseException as exc:
-        finish(self, permit, config.options.classify(exc))
+        if c.timed:
+            _calls.finish_raised(self, permit, start, exc)
+        else:
+            finish(self, permit, config.options.classify(exc))
         raise
-    if c.slow_ns:
+    if c.timed:
         _calls.finish_returned(self, permit, start)
     else:
         finish(self, permit, FB_SUCCESS)
@@ -1084,7 +1260,8 @@ cdef object finish(CircuitBreaker self, int64_t permit, int outcome, bint raw=Fa
     # can trip or re-open), so that a clock that raises or returns garbage loses nothing: a raw
     # record_*() records nothing and raises; a call path's permit is given back as neutral (a
     # probe slot must not stay taken), then the clock's error propagates.
-    if not live(self).use_c_clock and outcome != FB_NEUTRAL and (outcome != FB_SUCCESS or self.st.win != NULL):
+    if not live(self).use_c_clock and outcome != FB_NEUTRAL and (
+            outcome != FB_SUCCESS or self.st.win != NULL or self.st.tw != NULL):
         try:
             now = now_of(self)
         except BaseException:
@@ -1138,6 +1315,7 @@ cdef _install_traverse():
 
 _install_traverse()
 from functools import update_wrapper as _update_wrapper
+from bisect import bisect_left as _bisect_left
 _calls_kind = _calls.kind
 _active_get = _calls._active.get
 _active_set = _calls._active.set

@@ -8,10 +8,22 @@ Generations: every transition bumps ``_gen``. A permit is the generation it was 
 outcome changes state only while that generation is still current, otherwise it is counted as
 stale. Each generation has exactly one state, so the permit alone tells a probe (HALF_OPEN
 generation) from a normal call (CLOSED generation).
+
+The time window (``window_seconds``): ``window_buckets`` buckets of ``bucket_ns`` each. An
+outcome recorded at time ``now`` belongs to epoch ``now // bucket_ns`` and to the bucket
+``epoch % buckets``. A bucket holds its epoch's tag (the epoch modulo 2**22) and three
+saturating counters (recorded, failed, slow), one 64-bit word in the compiled core. A writer
+that finds an older tag resets the bucket to its own epoch (the compiled core: one CAS, after
+raising ``_last``, the latest epoch any reset was made for); one that finds a newer epoch there
+(its bucket rolled out of the window while it was on its way) drops its outcome as stale. There
+is no running total: only a failure or a slow call, the outcomes that can trip, sums the buckets
+whose tags are the epochs of the window, so a success costs one update of one bucket and an
+outcome after a long quiet period costs O(buckets).
 """
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import math
 import threading
@@ -29,12 +41,15 @@ from ._errors import (
     not_copyable,
     uninitialised,
 )
-from ._metrics import Metrics
+from ._metrics import Latency, Metrics
 from ._options import (
+    BUCKET_MAX,
+    DRY_RUN_PERMIT,
     OUT_FAILURE,
     OUT_NEUTRAL,
     OUT_SLOW,
     OUT_SUCCESS,
+    OUT_TIMEOUT,
     BreakerOptions,
     Duration,
     class_signature,
@@ -49,6 +64,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 CLOSED, OPEN, HALF_OPEN, ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
 _MAX_LEVEL = 40  # backoff doublings beyond this are capped anyway
+_TAG_MASK = (1 << 22) - 1  # a bucket's tag: its epoch modulo 2**22
 _listener_lock = threading.Lock()
 
 
@@ -170,6 +186,15 @@ class CircuitBreaker:
         "_stale",
         "_opened",
         "_fleet_gen",
+        "_buckets",
+        "_last",
+        "_would_reject",
+        "_open_ns",
+        "_open_from",
+        "_probe_ok_total",
+        "_probe_failed",
+        "_timeouts",
+        "_lat",
         "__weakref__",
     )
 
@@ -220,12 +245,23 @@ class CircuitBreaker:
         self._level = 0
         self._since_ns = 0
         self._consec = 0
-        n = config.options.window
+        opts = config.options
+        n = opts.window
         self._ring = bytearray(n) if n else None
         self._head = self._rec = self._fail = self._slow = 0
+        # time window: per bucket [tag, recorded, failed, slow]
+        self._buckets = (
+            [[0, 0, 0, 0] for _ in range(opts.window_buckets)] if opts.window_ns else None
+        )
+        self._last = 0
         self._permitted = self._rejected = self._successes = self._failures = 0
         self._slow_calls = self._ignored = self._stale = self._opened = 0
         self._fleet_gen = 0
+        self._would_reject = self._open_ns = self._probe_ok_total = self._probe_failed = 0
+        self._open_from = 0  # OPEN: when the episode began (_since_ns minus a fleet's shift)
+        self._timeouts = 0
+        # latency histogram: a count per bound, the overflow count, then the sum in ns
+        self._lat = [0] * (len(opts.latency_bounds_ns) + 2) if opts.timed else None
 
     # -- time -------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -245,11 +281,13 @@ class CircuitBreaker:
         group = self._config.group
         if group is not None and not reserved and (old == CLOSED) != (new == CLOSED):
             group.add_open(1 if old == CLOSED else -1)
+        if old == OPEN:
+            self._open_ns += max(0, now - self._open_from)
         self._state = new
         self._gen += 1
         self._inflight = self._probe_ok = 0
         if new == OPEN:
-            self._since_ns = now
+            self._since_ns = self._open_from = now
             self._opened += 1
         elif new == HALF_OPEN:
             self._since_ns = now
@@ -262,6 +300,44 @@ class CircuitBreaker:
         if self._ring is not None:
             self._ring = bytearray(len(self._ring))
         self._head = self._rec = self._fail = self._slow = 0
+        if self._buckets is not None:
+            for bucket in self._buckets:
+                bucket[:] = (0, 0, 0, 0)
+            self._last = 0
+
+    # -- the time window (see the module docstring) --------------------------------------------
+    def _bucket_add(self, now: int, failed: bool, slow: bool) -> bool:
+        """Count one outcome in the bucket of ``now``; False if that bucket rolled out."""
+        buckets = self._buckets
+        assert buckets is not None
+        epoch = now // self._config.options.bucket_ns
+        tag = epoch & _TAG_MASK
+        bucket = buckets[epoch % len(buckets)]
+        if bucket[0] != tag:
+            if self._last > epoch and (bucket[0] - tag) & _TAG_MASK < (_TAG_MASK >> 1):
+                return False  # the bucket holds a later epoch: this outcome's rolled out
+            self._last = max(self._last, epoch)
+            bucket[:] = (tag, 0, 0, 0)
+        if bucket[1] < BUCKET_MAX:  # saturated: the bucket keeps its first BUCKET_MAX outcomes
+            bucket[1] += 1
+            bucket[2] += failed
+            bucket[3] += slow
+        return True
+
+    def _window_sums(self, now: int) -> tuple[int, int, int]:
+        """(recorded, failed, slow) over the buckets of the window that ends at ``now``."""
+        if self._buckets is None:
+            return self._rec, self._fail, self._slow
+        buckets = self._buckets
+        n = len(buckets)
+        epoch = now // self._config.options.bucket_ns
+        rec = fail = slow = 0
+        for i, bucket in enumerate(buckets):
+            if bucket[0] == (epoch - (epoch - i) % n) & _TAG_MASK:
+                rec += bucket[1]
+                fail += bucket[2]
+                slow += bucket[3]
+        return rec, fail, slow
 
     def _reopen(self, now: int) -> tuple[State, State]:
         """HALF_OPEN -> OPEN: a probe failed or leaked; the open period backs off."""
@@ -293,6 +369,10 @@ class CircuitBreaker:
                     self._inflight += 1
                     self._since_ns = max(self._since_ns, now)
                     permit = self._gen
+            if permit < 0 and self._config.options.dry_run:
+                # admitted anyway: a permit of no generation, so its outcome is stale
+                permit = DRY_RUN_PERMIT
+                self._would_reject += 1
             if permit >= 0:
                 self._permitted += 1
             else:
@@ -308,7 +388,8 @@ class CircuitBreaker:
         # raw record_*() records nothing and raises; a call path's permit is given back as
         # neutral (a probe slot must not stay taken), then the clock's error propagates.
         now = 0
-        if outcome != OUT_NEUTRAL and (outcome != OUT_SUCCESS or self._ring is not None):
+        windowed = self._ring is not None or self._buckets is not None
+        if outcome != OUT_NEUTRAL and (outcome != OUT_SUCCESS or windowed):
             try:
                 now = self._now()
             except BaseException:
@@ -332,13 +413,17 @@ class CircuitBreaker:
             self._ignored += 1
             self._inflight -= 1
             return None
-        if outcome == OUT_FAILURE:
+        if outcome == OUT_FAILURE or outcome == OUT_TIMEOUT:
             self._failures += 1
+            self._timeouts += outcome == OUT_TIMEOUT
+            self._probe_failed += 1
             return self._reopen(now)
         self._successes += 1
         if outcome == OUT_SLOW:
             self._slow_calls += 1
+            self._probe_failed += 1
             return self._reopen(now)
+        self._probe_ok_total += 1
         if self._probe_ok + 1 >= opts.success_threshold:
             self._level = 0
             return self._enter(CLOSED)
@@ -351,13 +436,27 @@ class CircuitBreaker:
         if outcome == OUT_NEUTRAL:
             self._ignored += 1
             return None
-        failed = outcome == OUT_FAILURE
+        failed = outcome == OUT_FAILURE or outcome == OUT_TIMEOUT
+        if self._buckets is not None and not self._bucket_add(now, failed, outcome == OUT_SLOW):
+            self._stale += 1
+            return None
         if failed:
             self._failures += 1
+            self._timeouts += outcome == OUT_TIMEOUT
         else:
             self._successes += 1
             if outcome == OUT_SLOW:
                 self._slow_calls += 1
+        if self._buckets is not None:
+            self._consec = self._consec + 1 if failed else 0
+            if not failed and outcome != OUT_SLOW:
+                return None  # a success never trips the time window
+            rec, fail, slow = self._window_sums(now)
+            if rec >= opts.min_calls and (
+                fail / rec >= opts.failure_rate or (opts.slow_ns and slow / rec >= opts.slow_rate)
+            ):
+                return self._auto_trip(now)
+            return None
         if self._ring is None:
             # consecutive mode: a slow call counts as a failure
             if failed or outcome == OUT_SLOW:
@@ -491,15 +590,17 @@ class CircuitBreaker:
 
     def isolate(self) -> None:
         """Reject every call until ``reset()``."""
+        now = self._now() if self._state == OPEN else 0  # the end of an OPEN episode
         with self._lock:
-            trans = self._enter(ISOLATED)
+            trans = self._enter(ISOLATED, now)
         self._fire(trans)
 
     def reset(self) -> None:
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
+        now = self._now() if self._state == OPEN else 0
         with self._lock:
             self._level = 0
-            trans = self._enter(CLOSED)
+            trans = self._enter(CLOSED, now)
         self._fire(trans)
 
     # -- inspection ------------------------------------------------------------------------------
@@ -530,12 +631,51 @@ class CircuitBreaker:
         left = since + self._open_period_ns(level) - self._now()
         return max(0, left) / 1e9
 
+    def _now_or(self, default: int) -> int:
+        """The clock, or ``default`` when a user clock fails (``metrics()`` never raises)."""
+        try:
+            return self._now()
+        except Exception:
+            return default
+
+    def _observe(self, elapsed_ns: int) -> None:
+        """Add a timed call's duration to the latency histogram (no-op when not timing)."""
+        lat = self._lat
+        if lat is None:
+            return
+        i = bisect.bisect_left(self._config.options.latency_bounds_ns, elapsed_ns)
+        with self._lock:
+            lat[i] += 1
+            lat[-1] += elapsed_ns
+
+    def _latency(self) -> Optional[Latency]:
+        lat = self._lat
+        if lat is None:
+            return None
+        with self._lock:
+            counts = tuple(lat[:-1])
+            total = lat[-1]
+        return Latency(self._config.options.latency_bounds, counts, total / 1e9, sum(counts))
+
     def metrics(self) -> Metrics:
-        """An immutable snapshot of the counters."""
-        window = self._config.options.window
+        """An immutable snapshot of the counters (with a time window or while OPEN, it reads
+        the clock: a failing user clock leaves the current bucket and episode out)."""
+        opts = self._config.options
+        window = opts.window or opts.window_ns
+        latency = self._latency()
+        with self._lock:
+            state, since = self._state, self._open_from
+        now = self._now_or(-1) if state == OPEN or self._buckets is not None else 0
         with self._lock:
             closed = self._state == CLOSED
-            rec = self._rec
+            if now < 0:
+                now = self._last * opts.bucket_ns
+                open_ns = self._open_ns
+            else:
+                open_ns = self._open_ns
+                if self._state == OPEN and self._open_from == since:
+                    open_ns += max(0, now - since)
+            rec, fail, slow = self._window_sums(now)
             return Metrics(
                 state=self._state,
                 permitted=self._permitted,
@@ -547,9 +687,15 @@ class CircuitBreaker:
                 stale=self._stale,
                 opened=self._opened,
                 consecutive_failures=self._consec if closed else 0,
-                failure_rate=(self._fail / rec if rec else 0.0) if window else None,
-                slow_call_rate=(self._slow / rec if rec else 0.0) if window else None,
+                failure_rate=(fail / rec if rec else 0.0) if window else None,
+                slow_call_rate=(slow / rec if rec else 0.0) if window else None,
                 recorded=rec if window else 0,
+                would_reject=self._would_reject,
+                open_seconds_total=open_ns / 1e9,
+                probe_successes=self._probe_ok_total,
+                probe_failures=self._probe_failed,
+                timeouts=self._timeouts,
+                latency=latency,
             )
 
     def on_state_change(self, callback: Callable[[Any, State, State], Any]) -> Callable[..., Any]:
@@ -582,8 +728,15 @@ class CircuitBreaker:
         """Swap in another Config (BreakerMap: private listeners, detaching an evicted breaker)."""
         if not isinstance(config, Config):
             raise TypeError(f"config must be a Config, got {config!r}")
-        if config.options.window != self._config.options.window:
-            raise ValueError("a breaker's window size cannot change")
+        new, old = config.options, self._config.options
+        if (new.window, new.window_ns, new.window_buckets, new.timed, new.latency_bounds) != (
+            old.window,
+            old.window_ns,
+            old.window_buckets,
+            old.timed,
+            old.latency_bounds,
+        ):
+            raise ValueError("a breaker's window size and latency histogram cannot change")
         if config is not self._config and not any(r is self._config for r in config.retired):
             config.retired.append(self._config)
         self._config = config
@@ -642,7 +795,7 @@ class CircuitBreaker:
                 f"probes must be in 0..{opts.half_open_max_calls} (half_open_max_calls), "
                 f"got {probes!r}"
             )
-        now = self._now() if state != 0 and fleet_gen > self._fleet_gen else 0
+        now = self._now() if fleet_gen > self._fleet_gen else 0
         trans = None
         applied = False
         with self._lock:
@@ -656,12 +809,13 @@ class CircuitBreaker:
                 if state == 0:
                     if self._state != CLOSED:
                         self._level = 0
-                        trans = self._enter(CLOSED)
+                        trans = self._enter(CLOSED, now)
                 elif state == 1:
-                    since = now + int(seconds * 1e9) - self._open_period_ns(self._level)
+                    # the open period ends `seconds` from now: shift its start; the episode
+                    # (open_seconds_total) still begins now, or when the breaker tripped
                     if self._state != OPEN:
-                        trans = self._enter(OPEN, since)
-                    self._since_ns = since
+                        trans = self._enter(OPEN, now)
+                    self._since_ns = now + int(seconds * 1e9) - self._open_period_ns(self._level)
                 else:
                     trans = self._enter(HALF_OPEN, now)
                     self._inflight = opts.half_open_max_calls - probes

@@ -36,21 +36,30 @@ _active: contextvars.ContextVar[Optional[Any]] = contextvars.ContextVar(
 
 
 def success_outcome(breaker: Any, elapsed: object) -> int:
-    """OUT_SLOW when ``elapsed`` (seconds or timedelta) reaches ``slow_call_duration``."""
+    """OUT_SLOW when ``elapsed`` (seconds or timedelta) reaches ``slow_call_duration``; a timing
+    breaker adds ``elapsed`` to its latency histogram."""
     if elapsed is None:
         return OUT_SUCCESS
-    slow_ns = breaker._config.options.slow_ns
+    opts = breaker._config.options
     ns = seconds_to_ns(elapsed, "elapsed")  # a finite number >= 0, or a ValueError naming it
-    return OUT_SLOW if slow_ns and ns >= slow_ns else OUT_SUCCESS
+    if opts.timed:
+        breaker._observe(ns)
+    return OUT_SLOW if opts.slow_ns and ns >= opts.slow_ns else OUT_SUCCESS
 
 
 def timed_outcome(breaker: Any, start: int) -> int:
-    slow_ns = breaker._config.options.slow_ns
-    return OUT_SLOW if slow_ns and breaker._now() - start >= slow_ns else OUT_SUCCESS
+    """The outcome of a call that returned; a timed call's duration goes to the histogram."""
+    opts = breaker._config.options
+    if not opts.timed:
+        return OUT_SUCCESS
+    elapsed = breaker._now() - start
+    breaker._observe(elapsed)
+    return OUT_SLOW if opts.slow_ns and elapsed >= opts.slow_ns else OUT_SUCCESS
 
 
 def start_ns(breaker: Any) -> int:
-    return breaker._now() if breaker._config.options.slow_ns else 0
+    """Where a timed call starts (``slow_call_duration`` or ``record_latency``), else 0."""
+    return breaker._now() if breaker._config.options.timed else 0
 
 
 # Every step between admission and the outcome may raise (a clock, a predicate, a callback):
@@ -76,6 +85,16 @@ def finish_returned(breaker: Any, permit: int, start: int) -> None:
     breaker._finish(permit, outcome)
 
 
+def finish_raised(breaker: Any, permit: int, start: int, exc: BaseException) -> None:
+    """Record the outcome of a call that raised ``exc``; a timed call that failed or succeeded
+    (not a neutral one) adds its duration to the histogram after the permit is given back."""
+    options = breaker._config.options
+    outcome = options.classify(exc)
+    breaker._finish(permit, outcome)
+    if options.timed and outcome != OUT_NEUTRAL:
+        breaker._observe(breaker._now() - start)
+
+
 def call(breaker: Any, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {fn!r}")
@@ -84,7 +103,7 @@ def call(breaker: Any, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        breaker._finish(permit, breaker._config.options.classify(exc))
+        finish_raised(breaker, permit, start, exc)
         raise
     finish_returned(breaker, permit, start)
     return result
@@ -100,7 +119,7 @@ async def call_async(
     try:
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        breaker._finish(permit, breaker._config.options.classify(exc))
+        finish_raised(breaker, permit, start, exc)
         raise
     finish_returned(breaker, permit, start)
     return result
@@ -140,7 +159,7 @@ def _guard_gen(breaker: Any, fn: Any) -> Any:
         try:
             result = yield from fn(*args, **kwargs)
         except BaseException as exc:
-            breaker._finish(permit, breaker._config.options.classify(exc))
+            finish_raised(breaker, permit, start, exc)
             raise
         finish_returned(breaker, permit, start)
         return result
@@ -172,7 +191,7 @@ def _guard_asyncgen(breaker: Any, fn: Any) -> Any:
             except StopAsyncIteration:
                 pass
         except BaseException as exc:
-            breaker._finish(permit, breaker._config.options.classify(exc))
+            finish_raised(breaker, permit, start, exc)
             raise
         finish_returned(breaker, permit, start)
 
@@ -281,7 +300,7 @@ def exit(breaker: Any, exc: Optional[BaseException]) -> None:
     if exc is None:
         finish_returned(breaker, permit, start)
     else:
-        breaker._finish(permit, breaker._config.options.classify(exc))
+        finish_raised(breaker, permit, start, exc)
 
 
 def fire(

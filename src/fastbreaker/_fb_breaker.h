@@ -8,8 +8,8 @@
 
 #include <stdint.h>
 
-/* Outcome codes of fb_breaker_release(). */
-enum { FB_SUCCESS = 0, FB_SLOW = 1, FB_FAILURE = 2, FB_NEUTRAL = 3 };
+/* Outcome codes of fb_breaker_release() (FB_TIMEOUT: a failure that was a timeout). */
+enum { FB_SUCCESS = 0, FB_SLOW = 1, FB_FAILURE = 2, FB_NEUTRAL = 3, FB_TIMEOUT = 4 };
 /* Non-permit results of fb_breaker_acquire(). */
 enum { FB_REJECTED = -1, FB_NEED_CLOCK = -2 };
 
@@ -24,7 +24,10 @@ typedef struct fb_config_s {
     int64_t failure_threshold, min_calls, window, half_open_max, success_threshold;
     int64_t reset_ns, max_reset_ns, probe_timeout_ns, slow_ns;
     double failure_rate, slow_rate;
+    int64_t bucket_ns, buckets;  /* the time window (bucket_ns 0: none) */
     int use_c_clock;
+    int dry_run;         /* admit what would be rejected (its permit is stale) */
+    int timed;           /* the call paths time calls (slow_call_duration or record_latency) */
     fb_group_t *group;   /* NULL for a breaker outside a BreakerMap */
     void *owner;         /* the Python Config object that owns this struct */
 } fb_config_t;
@@ -35,14 +38,20 @@ typedef struct fb_window_s {
     int64_t slots[1];    /* 2-bit outcome codes, 32 per word (allocated to size) */
 } fb_window_t;
 
+/* The time window: tw[0] is the latest epoch a bucket was reset for, tw[1 + i] bucket i:
+ * tag (epoch mod 2**22) << 42 | slow << 28 | failed << 14 | recorded, 14-bit saturating counts. */
 typedef struct fb_breaker_s {
     int64_t word;        /* state | busy | probes in flight | probe successes | level | generation */
     int64_t gen_hi;      /* the generation's bits above the word's 22: a permit is the full count */
     int64_t since_ns;    /* OPEN: trip time; HALF_OPEN: latest probe admission */
     int64_t consec;      /* generation << 40 | consecutive failures */
-    fb_window_t *win;    /* NULL in consecutive mode */
+    fb_window_t *win;    /* the count window, or NULL */
     fb_config_t *cfg;
     int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened;
+    int64_t *tw;         /* the time window, or NULL (see above) */
+    int64_t *lat;        /* the latency histogram: a count per bound, +Inf, the sum in ns; or NULL */
+    int64_t would_reject, open_ns, probe_ok, probe_failed, timeouts;
+    int64_t open_from;   /* OPEN: when the episode began (since_ns minus a fleet's shift) */
 } fb_breaker_t;
 
 #endif

@@ -73,6 +73,11 @@ _COUNTERS = (
     "ignored",
     "stale",
     "opened",
+    "would_reject",
+    "probe_successes",
+    "probe_failures",
+    "timeouts",
+    "open_seconds_total",
 )
 # When the map is full it makes room for max(1, max_keys // _ROOM_DIVISOR) keys at once: the
 # eviction scan walks the dict in creation order, so a batch amortizes each scan over many
@@ -95,7 +100,8 @@ class MapMetrics:
 
     The call counters are totals over every breaker the map has held since it was created,
     dropped ones included (up to the moment they were dropped), so they only grow and can be
-    exported as monotonic counters. Untracked breakers are not included.
+    exported as monotonic counters. Untracked breakers are not included. ``open_seconds_total``
+    adds up the time each breaker spent OPEN.
     """
 
     keys: int
@@ -113,6 +119,11 @@ class MapMetrics:
     ignored: int
     stale: int
     opened: int
+    would_reject: int = 0
+    probe_successes: int = 0
+    probe_failures: int = 0
+    timeouts: int = 0
+    open_seconds_total: float = 0.0
 
 
 class _Hook:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
-from typing import Any, Callable, Concatenate, ParamSpec, Union
+from typing import Any, Callable, Concatenate, ParamSpec, Sequence, Union
 
 from ._durations import check_clock, check_count, check_rate, seconds_to_ns
 from ._errors import BulkheadFullError
@@ -23,19 +23,55 @@ __all__ = [
     "OUT_SLOW",
     "OUT_FAILURE",
     "OUT_NEUTRAL",
+    "OUT_TIMEOUT",
     "MAX_WINDOW",
     "MAX_PROBES",
+    "MAX_BUCKETS",
+    "BUCKET_MAX",
+    "DEFAULT_LATENCY_BUCKETS",
+    "DRY_RUN_PERMIT",
     "TOKEN_UNIT",
     "budget_units",
 ]
 
 #: Outcome codes passed from the call paths to the cores.
 OUT_SUCCESS, OUT_SLOW, OUT_FAILURE, OUT_NEUTRAL = 0, 1, 2, 3
+#: A failure whose exception is a ``TimeoutError`` (``DeadlineExceeded`` included): the cores
+#: record it as OUT_FAILURE and count it in ``timeouts`` too.
+OUT_TIMEOUT = 4
+#: The permit of a call admitted only because of ``dry_run``: it matches no generation, so its
+#: outcome is stale in both cores.
+DRY_RUN_PERMIT = 1 << 62
 
 #: The compiled core packs window counts and probe counts into 64-bit words; these are the limits.
 MAX_WINDOW = 1_000_000
 MAX_PROBES = 65_535
 MAX_THRESHOLD = 2**40 - 1
+#: The time window: at most this many buckets, each at least 1 ms wide.
+MAX_BUCKETS = 1000
+MIN_BUCKET_NS = 1_000_000
+#: A bucket of the time window packs its epoch tag and three counters into one 64-bit word:
+#: each counter saturates at this value (see README, "Time window").
+BUCKET_MAX = 2**14 - 1
+#: Prometheus's default histogram buckets (seconds), the default of ``latency_buckets``.
+MAX_LATENCY_BUCKETS = 100
+MAX_LATENCY_BOUND = 1e6
+DEFAULT_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
 #: The default probe_timeout is reset_timeout, but never less than this (1 s): with a tiny
 #: reset_timeout, a probe still running must not be declared lost by the next caller.
 MIN_DEFAULT_PROBE_TIMEOUT_NS = 1_000_000_000
@@ -119,6 +155,13 @@ class BreakerOptions:
         "ignore",
         "clock",
         "name",
+        "window_ns",
+        "window_buckets",
+        "bucket_ns",
+        "dry_run",
+        "record_latency",
+        "latency_bounds",
+        "latency_bounds_ns",
     )
 
     failure_threshold: int
@@ -137,6 +180,13 @@ class BreakerOptions:
     ignore: tuple[type[BaseException], ...]
     clock: Callable[[], int] | None
     name: str | None
+    window_ns: int
+    window_buckets: int
+    bucket_ns: int
+    dry_run: bool
+    record_latency: bool
+    latency_bounds: tuple[float, ...]
+    latency_bounds_ns: tuple[int, ...]
 
     def __init__(
         self,
@@ -156,6 +206,11 @@ class BreakerOptions:
         ignore: ExcTypes = (),
         name: str | None = None,
         clock: Callable[[], int] | None = None,
+        window_seconds: Duration | None = None,
+        window_buckets: int = 10,
+        dry_run: bool = False,
+        record_latency: bool = False,
+        latency_buckets: Sequence[float] | None = None,
     ) -> None:
         """Validate every option of a circuit breaker (the one place they are spelled out).
 
@@ -185,6 +240,21 @@ class BreakerOptions:
             name: the breaker's name (in errors, reprs and metrics); a str or None.
             clock: a zero-argument callable returning monotonic int nanoseconds (default: the
                 C ``CLOCK_MONOTONIC``), such as ``fastbreaker.testing.FakeClock``.
+            window_seconds: a time window instead of a count window (> 0; excludes
+                ``window``): the failed and slow shares of the last ``window_seconds``. The trip
+                is checked only when a failure or a slow call is recorded; ``min_calls`` is not
+                capped. A CLOSED breaker in this mode reads the clock on each record.
+            window_buckets: the buckets of the time window, an int in [1, 1000]; each covers
+                ``window_seconds / window_buckets``, which must be at least 1 ms. A bucket
+                counts at most 16,383 outcomes of each kind: its counters saturate (stop
+                counting) rather than wrap.
+            dry_run: never reject: a call the breaker would reject is admitted and counted in
+                ``permitted`` and ``would_reject``, and its outcome is stale. Everything else
+                (counting, transitions, callbacks, metrics) runs as usual.
+            record_latency: time every call (as ``slow_call_duration`` does) into the latency
+                histogram of ``metrics().latency``.
+            latency_buckets: the histogram's upper bounds in seconds, increasing and > 0 (None:
+                Prometheus's defaults, 0.005 ... 10).
         """
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
@@ -230,6 +300,33 @@ class BreakerOptions:
         self.ignore = _exc_types(ignore, "ignore") if ignore != () else ()
         check_clock(clock)
         self.clock = clock
+        self.window_buckets = check_count(window_buckets, "window_buckets", 1, MAX_BUCKETS)
+        if window_seconds is None:
+            self.window_ns = self.bucket_ns = 0
+        else:
+            self.window_ns = seconds_to_ns(window_seconds, "window_seconds", positive=True)
+            if self.window:
+                raise ValueError(
+                    "window and window_seconds are mutually exclusive: set window=0 (count "
+                    f"window off) or window_seconds=None, got window={window!r}, "
+                    f"window_seconds={window_seconds!r}"
+                )
+            self.bucket_ns = self.window_ns // self.window_buckets
+            if self.bucket_ns < MIN_BUCKET_NS:
+                raise ValueError(
+                    f"window_buckets must divide window_seconds into buckets of at least 1 ms: "
+                    f"at most {self.window_ns // MIN_BUCKET_NS} buckets for window_seconds="
+                    f"{window_seconds!r}, got {window_buckets!r}"
+                )
+        self.dry_run = _check_bool(dry_run, "dry_run")
+        self.record_latency = _check_bool(record_latency, "record_latency")
+        self.latency_bounds = _latency_bounds(latency_buckets)
+        self.latency_bounds_ns = tuple(round(b * 1e9) for b in self.latency_bounds)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the call paths time calls (``slow_call_duration`` or ``record_latency``)."""
+        return bool(self.slow_ns) or self.record_latency
 
     def classify(self, exc: BaseException) -> int:
         """The outcome code of a call that raised ``exc``.
@@ -248,17 +345,18 @@ class BreakerOptions:
             return OUT_NEUTRAL
         if isinstance(exc, BulkheadFullError):
             return OUT_NEUTRAL  # a full bulkhead says nothing about the dependency's health
+        failure = OUT_TIMEOUT if isinstance(exc, TimeoutError) else OUT_FAILURE
         if self.failure_predicate is not None:
             try:
-                return OUT_FAILURE if self.failure_predicate(exc) else OUT_SUCCESS
+                return failure if self.failure_predicate(exc) else OUT_SUCCESS
             except Exception:
                 logging.getLogger("fastbreaker").exception(
                     "fastbreaker: failure_on predicate %r raised on %r; counted as a failure",
                     self.failure_predicate,
                     exc,
                 )
-                return OUT_FAILURE
-        return OUT_FAILURE if isinstance(exc, self.failure_types) else OUT_SUCCESS
+                return failure
+        return failure if isinstance(exc, self.failure_types) else OUT_SUCCESS
 
     def check_reconfigure(self, new: "BreakerOptions") -> None:
         """Raise ValueError unless ``new`` differs from these options only in what
@@ -294,7 +392,42 @@ class BreakerOptions:
             "ignore": self.ignore,
             "name": self.name,
             "clock": self.clock,
+            "window_seconds": self.window_ns / 1e9 if self.window_ns else None,
+            "window_buckets": self.window_buckets,
+            "dry_run": self.dry_run,
+            "record_latency": self.record_latency,
+            "latency_buckets": self.latency_bounds,
         }
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _latency_bounds(value: object) -> tuple[float, ...]:
+    """Validate ``latency_buckets``: None (the defaults) or increasing positive finite seconds."""
+    if value is None:
+        return DEFAULT_LATENCY_BUCKETS
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"latency_buckets must be a sequence of seconds or None, got {value!r}")
+    bounds = []
+    for b in value:
+        if isinstance(b, bool) or not isinstance(b, (int, float)):
+            raise TypeError(f"latency_buckets must hold numbers of seconds, got {b!r}")
+        if not 0 < b <= MAX_LATENCY_BOUND:  # also rejects NaN
+            raise ValueError(
+                f"latency_buckets must be in (0, {MAX_LATENCY_BOUND}] seconds, got {b!r}"
+            )
+        bounds.append(float(b))
+    if not bounds or len(bounds) > MAX_LATENCY_BUCKETS:
+        raise ValueError(
+            f"latency_buckets must hold 1 to {MAX_LATENCY_BUCKETS} bounds, got {len(bounds)}"
+        )
+    if any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"latency_buckets must be strictly increasing, got {value!r}")
+    return tuple(bounds)
 
 
 # -- RetryBudget ---------------------------------------------------------------------------------

@@ -68,6 +68,10 @@ class PermitCore(Protocol):
         """The breaker's clock, in monotonic nanoseconds."""
         ...
 
+    def _observe(self, elapsed_ns: int) -> None:
+        """Add a timed call's duration to the latency histogram (no-op when not timing)."""
+        ...
+
     def _open_error(self) -> CircuitOpenError:
         """The error a rejected call raises, built now."""
         ...
@@ -89,12 +93,14 @@ def is_breaker(obj: object) -> bool:
 
 
 def start_ns(breaker: PermitCore) -> int:
-    """Where a timed call starts: the clock when ``slow_call_duration`` is set, else 0."""
+    """Where a timed call starts: the clock when ``slow_call_duration`` or ``record_latency`` is
+    set, else 0."""
     return _calls.start_ns(breaker)
 
 
 def timed_outcome(breaker: PermitCore, start: int) -> int:
-    """OUT_SLOW or OUT_SUCCESS for a call that started at ``start`` (see ``start_ns``)."""
+    """OUT_SLOW or OUT_SUCCESS for a call that started at ``start`` (see ``start_ns``); a timed
+    call's duration goes to the breaker's latency histogram."""
     return _calls.timed_outcome(breaker, start)
 
 

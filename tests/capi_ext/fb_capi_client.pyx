@@ -294,3 +294,19 @@ def plain_increments(int64_t[::1] counter, int64_t n):
     with nogil:
         for i in range(n):
             counter[0] += 1
+
+
+def hammer_window(breaker, int64_t first_ns, int64_t width_ns, int64_t epochs, int64_t per_epoch):
+    """Record ``per_epoch`` successes at each of ``epochs`` consecutive bucket times from
+    ``first_ns`` (the time window's buckets: every thread hits the same bucket, and the first
+    writer of each epoch resets it). Returns the number of outcomes reported."""
+    cdef fb_breaker_t *b = fb_breaker_handle(breaker)
+    cdef int64_t e, j, now, permit, released = 0
+    with nogil:
+        for e in range(epochs):
+            now = first_ns + e * width_ns
+            for j in range(per_epoch):
+                permit = fb_breaker_acquire(b, now)
+                if permit >= 0 and fb_breaker_release(b, permit, FB_SUCCESS, now) == 0:
+                    released += 1
+    return released

@@ -142,6 +142,8 @@ class CircuitBreaker:
         expected_exception: Any = None,
         name: Optional[str] = None,
         fallback_function: Optional[Callable[..., Any]] = None,
+        *,
+        dry_run: bool = False,
     ) -> None:
         self._last_failure: Optional[BaseException] = None
         self._failure_threshold = failure_threshold or self.FAILURE_THRESHOLD
@@ -153,6 +155,7 @@ class CircuitBreaker:
             expected_exception = self._class_expected_exception()
         self.is_failure = build_failure_predicate(expected_exception)
         self._fallback_function = fallback_function or self.FALLBACK_FUNCTION
+        self._dry_run = dry_run  # the core never refuses: neither does this layer
         self._name = name
         self._opened = monotonic()
         self._open_failures = 0  # circuitbreaker's failure count outside CLOSED
@@ -171,6 +174,7 @@ class CircuitBreaker:
             half_open_max_calls=1,
             name=name if isinstance(name, str) else None,
             clock=_clock_ns,
+            dry_run=dry_run,
         )
         self._core_admit, self._core_finish = permits(self._core)
         self._core.on_state_change(on_change)
@@ -316,7 +320,11 @@ class CircuitBreaker:
     def _admit(self) -> int:
         """A permit for one call, or -1 when the circuit refuses it."""
         core = self._core
-        if core.state is _OPEN and self._opened + self._recovery_s > monotonic():
+        if (
+            core.state is _OPEN
+            and not self._dry_run
+            and self._opened + self._recovery_s > monotonic()
+        ):
             # Refused without asking the core (which would build an error). This deadline is
             # circuitbreaker's arithmetic; it only refuses, the core decides what it lets through.
             return -1
@@ -550,6 +558,8 @@ def circuit(
     name: Optional[str] = None,
     fallback_function: Optional[Callable[..., Any]] = None,
     cls: type[CircuitBreaker] = CircuitBreaker,
+    *,
+    dry_run: bool = False,
 ) -> Any:
     """Decorator: ``@circuit`` or ``@circuit(failure_threshold=..., ..., cls=MyBreaker)``."""
     if callable(failure_threshold):  # used bare: the function comes as the first argument
@@ -560,4 +570,5 @@ def circuit(
         expected_exception=expected_exception,
         name=name,
         fallback_function=fallback_function,
+        dry_run=dry_run,
     )

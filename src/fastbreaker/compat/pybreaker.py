@@ -472,6 +472,8 @@ class CircuitBreaker:
         state_storage: Optional[CircuitBreakerStorage] = None,
         name: Optional[str] = None,
         throw_new_error_on_trip: bool = True,
+        *,
+        dry_run: bool = False,
     ) -> None:
         storage = CircuitMemoryStorage(STATE_CLOSED) if state_storage is None else state_storage
         if isinstance(storage, CircuitRedisStorage):
@@ -510,6 +512,7 @@ class CircuitBreaker:
         self._listeners: tuple[Any, ...] = tuple(listeners or ())
         self._name = name
         self._throw_new_error_on_trip = throw_new_error_on_trip
+        self._dry_run = dry_run
         # pybreaker's counters outside CLOSED (in CLOSED the core counts failures)
         self._open_fails = 0
         self._successes = 0
@@ -540,6 +543,7 @@ class CircuitBreaker:
                 **self._core_options(fail_max, reset_timeout, success_threshold),
                 name=name if isinstance(name, str) else None,
                 clock=clock,
+                dry_run=dry_run,
             )
         self._core_admit, self._core_finish = permits(self._core)
         self._core.on_state_change(on_change)
@@ -847,7 +851,7 @@ class CircuitBreaker:
     def _admit(self) -> tuple[int, bool]:
         """A permit for one call and whether it is a trial; ``CircuitBreakerError`` if refused."""
         core = self._core
-        if core.state is _OPEN and core.retry_after > 0.0:
+        if core.state is _OPEN and not self._dry_run and core.retry_after > 0.0:
             raise CircuitBreakerError(_MSG_OPEN)  # without building the core's error
         tls = self._tls
         tls.trans = None
@@ -917,7 +921,7 @@ class CircuitBreaker:
         if before >= 0 and trans[0] is _CLOSED:
             with self._lock:  # fail_max was lowered below the count: pybreaker shows the count
                 self._open_fails = max(self._open_fails, before + 1)
-        if self._throw_new_error_on_trip:
+        if self._throw_new_error_on_trip and not self._dry_run:
             msg = _MSG_TRIAL_FAILED if trans[0] is _HALF_OPEN else _MSG_TRIP
             raise CircuitBreakerError(msg).with_traceback(exc.__traceback__)
 

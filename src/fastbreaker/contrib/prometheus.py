@@ -18,9 +18,14 @@ Series (``_total`` ones are counters, cumulative since each object was created):
 =============================================  ===============================================
 ``fastbreaker_breaker_state{name,state}``      1 for the current state, 0 for the other three
 ``fastbreaker_breaker_<c>_total{name}``        ``c`` in permitted, rejected, successes,
-                                               failures, slow_calls, ignored, stale, trips
+                                               failures, slow_calls, ignored, stale, trips,
+                                               would_reject, open_seconds, probe_successes,
+                                               probe_failures, timeouts
+``fastbreaker_breaker_call_seconds{name}``     histogram of the timed calls (breakers that
+                                               time calls: ``record_latency`` or
+                                               ``slow_call_duration``)
 ``fastbreaker_breaker_consecutive_failures``   gauge, ``{name}``
-``fastbreaker_breaker_failure_rate{name}``     gauge, window mode only
+``fastbreaker_breaker_failure_rate{name}``     gauge, count or time window only
 ``fastbreaker_map_keys{map}``                  breakers held
 ``fastbreaker_map_open_keys{map,state}``       held breakers OPEN, HALF_OPEN, ISOLATED
 ``fastbreaker_map_evicted_total{map}``         breakers dropped to respect ``max_keys``
@@ -58,6 +63,7 @@ try:
     from prometheus_client.metrics_core import (
         CounterMetricFamily,
         GaugeMetricFamily,
+        HistogramMetricFamily,
         Metric,
     )
 except ImportError as exc:  # pragma: no cover - tested in a subprocess
@@ -67,6 +73,7 @@ except ImportError as exc:  # pragma: no cover - tested in a subprocess
     ) from exc
 
 from .._errors import State
+from .._metrics import Latency
 
 __all__ = ["BreakerCollector"]
 
@@ -88,7 +95,29 @@ _COUNTERS = (
     ("ignored", "ignored", "Calls with a neutral outcome (ignored or cancelled)"),
     ("stale", "stale", "Outcomes that arrived after a later state change"),
     ("opened", "trips", "Transitions into OPEN"),
+    ("would_reject", "would_reject", "Calls a dry_run breaker admitted instead of rejecting"),
+    ("open_seconds_total", "open_seconds", "Seconds spent OPEN"),
+    ("probe_successes", "probe_successes", "HALF_OPEN probes that succeeded"),
+    ("probe_failures", "probe_failures", "HALF_OPEN probes that failed or were slow"),
+    ("timeouts", "timeouts", "Failures whose exception is a TimeoutError"),
 )
+
+
+def _latency_family() -> HistogramMetricFamily:
+    return HistogramMetricFamily(
+        f"{PREFIX}_breaker_call_seconds", "Duration of the calls the breaker timed", labels=["name"]
+    )
+
+
+def _collect_latency(family: HistogramMetricFamily, name: str, lat: Optional[Latency]) -> None:
+    """Add a breaker's latency histogram (Prometheus buckets are cumulative; ours are not)."""
+    if lat is None:
+        return
+    cumulative, buckets = 0, []
+    for bound, count in zip((*map(repr, lat.bounds), "+Inf"), lat.counts):
+        cumulative += count
+        buckets.append((bound, float(cumulative)))
+    family.add_metric([name], buckets, lat.sum)
 
 
 class BreakerCollector:
@@ -181,7 +210,7 @@ class BreakerCollector:
         """Every metric family this collector can export (no samples): the registry uses the
         names to refuse a second collector that would export the same ones."""
         families: list[Metric] = list(self._families().values())
-        return families
+        return [*families, _latency_family()]
 
     def collect(self) -> Iterator[Metric]:
         """Read every object's metrics now and yield the families that have samples."""
@@ -190,14 +219,17 @@ class BreakerCollector:
             maps = list(self._maps.items())
             budgets = list(self._budgets.items())
         f = self._families()
+        latency = _latency_family()
         for name, breaker in breakers:
-            self._collect_breaker(f, name, breaker.metrics())
+            m = breaker.metrics()
+            self._collect_breaker(f, name, m)
+            _collect_latency(latency, name, m.latency)
         for name, m in maps:
             self._collect_map(f, name, m)
         for name, budget in budgets:
             f["budget_tokens"].add_metric([name], float(budget.tokens))
             f["budget_capacity"].add_metric([name], float(budget.capacity))
-        for family in f.values():
+        for family in (*f.values(), latency):
             if family.samples:
                 yield family
 
