@@ -25,6 +25,12 @@ from . import _calls
 import inspect as _inspect
 from ._options import BreakerOptions, class_signature
 
+cdef extern from "Python.h":
+    object PyObject_Vectorcall(object fn, PyObject **args, size_t nargsf, PyObject *kwnames)
+    object PyObject_VectorcallDict(object fn, PyObject **args, size_t nargsf, PyObject *kwargs)
+    PyObject **PySequence_Fast_ITEMS(object seq)
+    void PyErr_SetObject(PyObject *type, PyObject *value)
+
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
     int64_t fb_load_rlx(int64_t *p)
@@ -564,7 +570,11 @@ cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {fn!r}")
     live(<CircuitBreaker>breaker)
-    return guarded_call(<CircuitBreaker>breaker, fn, args, kwargs)
+    cdef int64_t permit = admit(<CircuitBreaker>breaker)
+    if permit < 0:
+        raise open_error(<CircuitBreaker>breaker)
+    return guarded_run(<CircuitBreaker>breaker, permit, fn, PySequence_Fast_ITEMS(args),
+                       len(args), NULL, kwargs)
 
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
     return fb_load_acq(&(<core_t *>b).word) & ST_MASK
@@ -885,13 +895,7 @@ cdef class CircuitBreaker:
         return open_error(self)
 
     # -- call paths ----------------------------------------------------------------------------
-    @cython.binding(False)
-    def call(self, fn, /, *args, **kwargs):
-        """Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."""
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r}")
-        live(self)
-        return guarded_call(self, fn, args, kwargs)
+    # call(fn, /, *args, **kwargs) is a C function installed below (install_call).
 
     def call_async(self, fn, /, *args, **kwargs):
         """Await ``fn(*args, **kwargs)`` through the breaker."""
@@ -977,7 +981,7 @@ cdef class CircuitBreaker:
     @property
     def name(self):
         live(self)
-        return label_name(self._label)
+        return label_of(self)
 
     @property
     def retry_after(self):
@@ -1186,30 +1190,42 @@ cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
     left = since + open_period(cfg_of(&self.st), w_level(w)) - now_of(self)
     return (left if left > 0 else 0) / 1e9
 
+cdef inline object label_of(CircuitBreaker self):
+    label = self._label
+    if label is None or type(label) is str:  # label_name's common cases, without a call
+        return label
+    return label_name(label)
+
 cdef object open_error(CircuitBreaker self):
     live(self)
     cdef int64_t w = fb_load_acq(&self.st.word)
-    return CircuitOpenError(label_name(self._label), _STATES[w & ST_MASK],
-                            retry_after_of(self, w))
+    return CircuitOpenError(label_of(self), _STATES[w & ST_MASK], retry_after_of(self, w))
 
-cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
-    cdef int64_t permit, start = 0
+# A permit, or FB_REJECTED (the caller raises open_error: see call()).
+cdef inline int64_t admit(CircuitBreaker self) except? -9:
+    cdef int trans = 0
+    cdef int64_t permit = acquire(&self.st, -1, &trans)
+    if permit == FB_NEED_CLOCK_ or trans:
+        return acquire_or_reject_slow(self, permit, trans)
+    return permit
+
+# Run fn under `permit` and record its outcome. The arguments are a vector: `n` positional ones
+# at `argv`, then those named by the tuple `kwnames` (vectorcall), or the dict `kwargs`.
+cdef object guarded_run(CircuitBreaker self, int64_t permit, fn, PyObject **argv, size_t n,
+                        PyObject *kwnames, dict kwargs):
+    cdef int64_t start = 0
     cdef config_t *c
     cdef Config config
-    cdef int trans = 0
-    permit = acquire(&self.st, -1, &trans)
-    if permit < 0 or trans:
-        if permit == FB_NEED_CLOCK_ or trans:
-            permit = acquire_or_reject_slow(self, permit, trans)
-        if permit < 0:
-            raise open_error(self)
     # Hold the config for the whole call: a BreakerMap may swap it while fn runs.
     config = <Config>cfg_of(&self.st).owner
     c = &config.c
     if c.timed:
         start = _calls.start_or_release(self, permit)
     try:
-        result = fn(*args, **kwargs) if kwargs else fn(*args)
+        if kwargs:
+            result = PyObject_VectorcallDict(fn, argv, n, <PyObject *>kwargs)
+        else:
+            result = PyObject_Vectorcall(fn, argv, n, kwnames)
     except BaseException as exc:
         if c.timed:
             _calls.finish_raised(self, permit, start, exc)
@@ -1226,17 +1242,17 @@ cdef object guarded_call(CircuitBreaker self, fn, tuple args, dict kwargs):
 cdef object guard(CircuitBreaker breaker, fn):
     """The compiled wrapper behind ``@breaker`` on a sync function."""
     def guarded(*args, **kwargs):
-        return guarded_call(breaker, fn, args, kwargs)
+        cdef int64_t permit = admit(breaker)
+        if permit < 0:
+            raise open_error(breaker)
+        return guarded_run(breaker, permit, fn, PySequence_Fast_ITEMS(args), len(args), NULL,
+                           kwargs)
     return _update_wrapper(guarded, fn)
 
 
 cdef int64_t acquire_or_reject(CircuitBreaker self) except? -9:
-    cdef int trans = 0
     live(self)
-    cdef int64_t permit = acquire(&self.st, -1, &trans)
-    if permit == FB_NEED_CLOCK_ or trans:
-        return acquire_or_reject_slow(self, permit, trans)
-    return permit
+    return admit(self)
 
 cdef int64_t acquire_or_reject_slow(CircuitBreaker self, int64_t permit, int trans) except? -9:
     if permit == FB_NEED_CLOCK_:
@@ -1314,6 +1330,54 @@ cdef _install_traverse():
                         <Py_ssize_t>(<char *>&probe.st - <char *><PyObject *>probe))
 
 _install_traverse()
+
+
+# -- call(): a METH_FASTCALL C function -----------------------------------------------------------
+# `breaker.call(fn, *args, **kwargs)` is the hot path. As a C function it forwards its argument
+# vector to fn as is (no *args tuple, no **kwargs dict), and it raises CircuitOpenError without
+# Cython's raise statement, which would add a traceback frame for the breaker's own code: the
+# frame costs more than the whole admission, and the caller's frames are all a user needs.
+cdef extern from *:
+    """
+    typedef PyObject *(*fb_fastcall_kw_t)(PyObject *, PyObject **, Py_ssize_t, PyObject *);
+    static PyMethodDef fb_call_def = {"call", NULL, METH_FASTCALL | METH_KEYWORDS,
+        "call($self, fn, /, *args, **kwargs)\\n--\\n\\n"
+        "Call ``fn(*args, **kwargs)`` through the breaker; raise CircuitOpenError if rejected."};
+    static int fb_install_fastcall(PyObject *type, fb_fastcall_kw_t impl) {
+        PyTypeObject *t = (PyTypeObject *)type;
+        PyObject *descr;
+        int r;
+        fb_call_def.ml_meth = (PyCFunction)(void (*)(void))impl;
+        descr = PyDescr_NewMethod(t, &fb_call_def);
+        if (descr == NULL) return -1;
+        r = PyDict_SetItemString(t->tp_dict, fb_call_def.ml_name, descr);
+        Py_DECREF(descr);
+        PyType_Modified(t);
+        return r;
+    }
+    """
+    ctypedef PyObject *(*fb_fastcall_kw_t)(PyObject *, PyObject **, Py_ssize_t, PyObject *)
+    int fb_install_fastcall(PyObject *t, fb_fastcall_kw_t impl) except -1
+
+cdef PyObject *call_fastcall(PyObject *self, PyObject **args, Py_ssize_t nargs,
+                             PyObject *kwnames) except NULL:
+    if nargs < 1:
+        raise TypeError("call() missing required argument 'fn' (pos 1)")
+    fn = <object>args[0]
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    cdef CircuitBreaker b = <CircuitBreaker><object>self
+    live(b)
+    cdef int64_t permit = admit(b)
+    if permit < 0:
+        err = open_error(b)
+        PyErr_SetObject(<PyObject *>CircuitOpenError, <PyObject *>err)
+        return NULL
+    result = guarded_run(b, permit, fn, args + 1, nargs - 1, kwnames, None)
+    Py_INCREF(result)
+    return <PyObject *>result
+
+fb_install_fastcall(<PyObject *>CircuitBreaker, <fb_fastcall_kw_t>call_fastcall)
 from functools import update_wrapper as _update_wrapper
 from bisect import bisect_left as _bisect_left
 _calls_kind = _calls.kind
