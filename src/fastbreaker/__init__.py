@@ -27,6 +27,7 @@ from ._bulkhead import BulkheadMetrics
 from ._deadline import Deadline, current_deadline, deadline
 from ._map import BreakerMap, MapMetrics
 from ._metrics import Latency
+from ._priority import Priority, current_priority, priority
 from ._retry import retry, retrying
 from ._version import __version__ as __version__
 
@@ -52,11 +53,14 @@ __all__ = [
     "Latency",
     "MapMetrics",
     "Metrics",
+    "Priority",
     "RetryBudget",
     "State",
     "current_deadline",
+    "current_priority",
     "deadline",
     "get_include",
+    "priority",
     "retry",
     "retrying",
     "testing",

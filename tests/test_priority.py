@@ -1,0 +1,89 @@
+"""fb.Priority, fb.priority() and fb.current_priority(): a contextvar like fb.deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import pytest
+
+
+def test_names_values_and_order(fb) -> None:
+    P = fb.Priority
+    assert [(p.name, int(p)) for p in P] == [
+        ("SHEDDABLE", 0),
+        ("SHEDDABLE_PLUS", 1),
+        ("CRITICAL", 2),
+        ("CRITICAL_PLUS", 3),
+    ]
+    assert P.SHEDDABLE < P.SHEDDABLE_PLUS < P.CRITICAL < P.CRITICAL_PLUS
+
+
+def test_default_is_critical_and_blocks_nest_and_restore(fb) -> None:
+    assert fb.current_priority() is fb.Priority.CRITICAL
+    with fb.priority(fb.Priority.SHEDDABLE) as level:
+        assert level is fb.Priority.SHEDDABLE
+        assert fb.current_priority() is fb.Priority.SHEDDABLE
+        with fb.priority(3):
+            assert fb.current_priority() is fb.Priority.CRITICAL_PLUS
+        assert fb.current_priority() is fb.Priority.SHEDDABLE
+    assert fb.current_priority() is fb.Priority.CRITICAL
+
+
+def test_restored_when_the_block_raises(fb) -> None:
+    with pytest.raises(KeyError), fb.priority("sheddable"):
+        raise KeyError
+    assert fb.current_priority() is fb.Priority.CRITICAL
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("SHEDDABLE_PLUS", 1), ("sheddable-plus", 1), (" critical ", 2), ("0", 0), ("3", 3), (1, 1)],
+)
+def test_parse_accepts_names_and_values(fb, given: object, expected: int) -> None:
+    assert fb.Priority.parse(given) is fb.Priority(expected)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (4, ValueError),
+        (-1, ValueError),
+        ("urgent", ValueError),
+        ("7", ValueError),
+        (True, TypeError),
+        (1.0, TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_priority_is_a_clear_error(fb, bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="priority"):
+        fb.priority(bad)  # type: ignore[arg-type]
+
+
+def test_a_scope_cannot_be_entered_twice(fb) -> None:
+    scope = fb.priority(0)
+    with scope, pytest.raises(RuntimeError, match="already active"), scope:
+        pass
+
+
+def test_propagates_into_tasks_and_copied_contexts_not_into_plain_threads(fb) -> None:
+    async def child() -> object:
+        return fb.current_priority()
+
+    async def main() -> object:
+        with fb.priority(fb.Priority.SHEDDABLE):
+            task = asyncio.create_task(child())
+        return await task
+
+    assert asyncio.run(main()) is fb.Priority.SHEDDABLE
+
+    seen: list[object] = []
+    with fb.priority(1):
+        ctx = contextvars.copy_context()
+        t = threading.Thread(target=lambda: seen.append(fb.current_priority()))
+        t.start()
+        t.join()
+        assert ctx.run(fb.current_priority) is fb.Priority.SHEDDABLE_PLUS
+    assert seen == [fb.Priority.CRITICAL]
