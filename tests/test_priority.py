@@ -87,3 +87,24 @@ def test_propagates_into_tasks_and_copied_contexts_not_into_plain_threads(fb) ->
         t.join()
         assert ctx.run(fb.current_priority) is fb.Priority.SHEDDABLE_PLUS
     assert seen == [fb.Priority.CRITICAL]
+
+
+def test_load_shed_error_carries_reason_and_retry_after(fb) -> None:
+    err = fb.LoadShedError("api", "too_old", 0.25)
+    assert isinstance(err, fb.BreakerError)
+    assert (err.name, err.reason, err.retry_after) == ("api", "too_old", 0.25)
+    assert str(err) == "shedder 'api' shed the request (too_old), retry after 0.250s"
+    assert fb.LoadShedError.REASONS == ("queue_full", "too_old", "priority", "deadline")
+
+
+def test_a_load_shed_error_raised_through_a_breaker_is_neutral(fb) -> None:
+    cb = fb.CircuitBreaker(failure_threshold=1)
+
+    def shed() -> None:
+        raise fb.LoadShedError(None, "priority", 0.0)
+
+    for _ in range(3):
+        with pytest.raises(fb.LoadShedError):
+            cb.call(shed)
+    m = cb.metrics()
+    assert (cb.state, m.failures, m.ignored) == (fb.State.CLOSED, 0, 3)

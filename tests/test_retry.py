@@ -153,6 +153,16 @@ def test_circuit_open_error_is_never_retried(fb: types.SimpleNamespace, on: Any)
     assert f.calls == 1
 
 
+@pytest.mark.parametrize("on", [Exception, lambda exc: True])
+def test_load_shed_error_is_never_retried(fb: types.SimpleNamespace, on: Any) -> None:
+    err = fb.LoadShedError("api", "queue_full", 1.0)
+    f = Flaky(err)
+    with pytest.raises(fb.LoadShedError) as info:
+        fb.retry(on=on, attempts=5)(f)()
+    assert info.value is err
+    assert f.calls == 1
+
+
 def test_base_exceptions_propagate_at_once(fb: types.SimpleNamespace) -> None:
     class Stop(BaseException):
         pass

@@ -10,7 +10,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ._errors import BreakerError, BulkheadFullError, CircuitOpenError, DeadlineExceeded, State
+from ._errors import (
+    BreakerError,
+    BulkheadFullError,
+    CircuitOpenError,
+    DeadlineExceeded,
+    LoadShedError,
+    State,
+)
 from ._select import COMPILED
 
 if TYPE_CHECKING or not COMPILED:
@@ -51,6 +58,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "Latency",
+    "LoadShedError",
     "MapMetrics",
     "Metrics",
     "Priority",

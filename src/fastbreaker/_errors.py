@@ -6,7 +6,14 @@ import enum
 import math
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["BreakerError", "BulkheadFullError", "CircuitOpenError", "DeadlineExceeded", "State"]
+__all__ = [
+    "BreakerError",
+    "BulkheadFullError",
+    "CircuitOpenError",
+    "DeadlineExceeded",
+    "LoadShedError",
+    "State",
+]
 
 
 class State(enum.IntEnum):
@@ -114,6 +121,49 @@ class BulkheadFullError(BreakerError):
             return super().__str__() or "bulkhead is full"
         label = f"bulkhead {self.name!r}" if self.name is not None else "bulkhead"
         return f"{label} is full: {self.max_concurrent} in flight, waited {self.waited:.3f}s"
+
+
+class LoadShedError(BreakerError):
+    """A load shedder refused a request: this service is over capacity, or the request could not
+    be served in time.
+
+    ``reason`` says why: ``"queue_full"`` (no slot and no room to wait), ``"too_old"`` (it waited
+    past CoDel's target while congested, or past ``queue_timeout``), ``"priority"`` (displaced by
+    a more important request, or not queued while congested because it is ``SHEDDABLE``) or
+    ``"deadline"`` (its deadline passed, or too little time was left to start). ``retry_after``
+    is a hint in seconds for a ``Retry-After`` header. Like ``BulkheadFullError`` it is neutral to
+    a breaker it passes through and never retried by ``fastbreaker.retry``.
+    """
+
+    REASONS = ("queue_full", "too_old", "priority", "deadline")
+
+    args: tuple[str | None, str, float]
+
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str | None, reason: str, retry_after: float) -> None: ...
+
+    @property
+    def name(self) -> str | None:
+        """The shedder's name."""
+        return self.args[0] if len(self.args) == 3 else None
+
+    @property
+    def reason(self) -> str:
+        """One of ``"queue_full"``, ``"too_old"``, ``"priority"``, ``"deadline"``."""
+        return self.args[1] if len(self.args) == 3 else "queue_full"
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds after which a retry has a chance (a hint for ``Retry-After``)."""
+        return self.args[2] if len(self.args) == 3 else 0.0
+
+    def __str__(self) -> str:
+        args = self.args
+        if len(args) != 3 or not isinstance(args[1], str) or not isinstance(args[2], (int, float)):
+            return super().__str__() or "load shed"
+        label = f"shedder {self.name!r}" if self.name is not None else "shedder"
+        return f"{label} shed the request ({self.reason}), retry after {self.retry_after:.3f}s"
 
 
 class DeadlineExceeded(BreakerError, TimeoutError):

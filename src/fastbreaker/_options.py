@@ -14,7 +14,7 @@ import logging
 from typing import Any, Callable, Concatenate, ParamSpec, Sequence, Union
 
 from ._durations import check_clock, check_count, check_rate, seconds_to_ns
-from ._errors import BulkheadFullError
+from ._errors import BulkheadFullError, LoadShedError
 
 __all__ = [
     "BreakerOptions",
@@ -332,8 +332,8 @@ class BreakerOptions:
         """The outcome code of a call that raised ``exc``.
 
         Non-``Exception`` base exceptions (cancellation, KeyboardInterrupt, GeneratorExit),
-        ``BulkheadFullError`` and ``ignore`` matches are neutral; ``failure_on`` matches are failures; anything else means
-        the dependency answered, so it is a success.
+        ``BulkheadFullError``, ``LoadShedError`` and ``ignore`` matches are neutral; ``failure_on``
+        matches are failures; anything else means the dependency answered, so it is a success.
 
         A ``failure_on`` predicate that raises counts the call as a failure: its error is logged
         on the ``fastbreaker`` logger and never replaces ``exc``, and every call path (and each
@@ -343,8 +343,8 @@ class BreakerOptions:
         """
         if not isinstance(exc, Exception) or (self.ignore and isinstance(exc, self.ignore)):
             return OUT_NEUTRAL
-        if isinstance(exc, BulkheadFullError):
-            return OUT_NEUTRAL  # a full bulkhead says nothing about the dependency's health
+        if isinstance(exc, (BulkheadFullError, LoadShedError)):
+            return OUT_NEUTRAL  # a full bulkhead or a shed request says nothing about the dependency's health
         failure = OUT_TIMEOUT if isinstance(exc, TimeoutError) else OUT_FAILURE
         if self.failure_predicate is not None:
             try:

@@ -37,7 +37,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 from . import _calls
 from ._deadline import Deadline, current_var, earlier
 from ._durations import Seconds, seconds_to_ns
-from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded
+from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded, LoadShedError
 from ._select import COMPILED
 
 __all__ = ["Attempt", "retry", "retrying"]
@@ -193,7 +193,9 @@ class Policy:
     def after_failure(self, attempt: int, exc: Exception, dl: Deadline | None) -> float | None:
         """Attempt number ``attempt`` failed with ``exc``: the delay before the next attempt, or
         ``None`` to re-raise ``exc`` unchanged. Raises ``DeadlineExceeded`` from ``exc``."""
-        if isinstance(exc, (CircuitOpenError, BulkheadFullError)) or not self.matches(exc):
+        if isinstance(
+            exc, (CircuitOpenError, BulkheadFullError, LoadShedError)
+        ) or not self.matches(exc):
             return None
         if attempt >= self.attempts:
             return None
@@ -245,7 +247,8 @@ def retry(
     attempt, or the next delay would end past it, ``DeadlineExceeded`` is raised from the last
     error. ``on_retry(attempt, exc, delay)`` runs before each sleep (``attempt`` is the 1-based
     number of the attempt that failed). Errors that do not match ``on``, ``CircuitOpenError``,
-    ``BulkheadFullError`` and ``BaseException`` that are not ``Exception`` propagate at once.
+    ``BulkheadFullError``, ``LoadShedError`` and ``BaseException`` that are not ``Exception``
+    propagate at once.
 
     Put a breaker above the retry (``@breaker`` then ``@fb.retry(...)``) so that it sees one
     outcome per operation.
