@@ -12,7 +12,7 @@ admissions are rejected and outcomes of the ending generation are stale: nobody 
 """
 
 cimport cython
-from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.stdint cimport int64_t, uint64_t
 from libc.math cimport INFINITY
@@ -22,6 +22,7 @@ from ._metrics import Latency, Metrics
 from fractions import Fraction
 
 from . import _calls
+import contextvars as _contextvars
 import inspect as _inspect
 from ._options import BreakerOptions, class_signature
 
@@ -30,6 +31,11 @@ cdef extern from "Python.h":
     object PyObject_VectorcallDict(object fn, PyObject **args, size_t nargsf, PyObject *kwargs)
     PyObject **PySequence_Fast_ITEMS(object seq)
     void PyErr_SetObject(PyObject *type, PyObject *value)
+    int PyContextVar_Get(object var, PyObject *default_value, PyObject **value) except -1
+    object PyContextVar_Set(object var, object value)
+    ctypedef struct fb_tstate_t "PyThreadState":
+        PyObject *context
+    fb_tstate_t *fb_tstate_get "PyThreadState_Get"()
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -705,22 +711,250 @@ cdef class Config:
         self.options.update_from(options)
 
 
+# `with breaker:` bookkeeping (the compiled counterpart of _calls' Block stacks; same
+# observable rules). Each context (thread or asyncio task) that enters a block gets one
+# WithStack, found through a ContextVar and owned by the context that made it: a child task
+# inherits its parent's value but, being another Context object, makes its own stack on first
+# use, so a stack is only ever pushed and popped by the one thread running its context (a
+# context cannot be entered twice at once). Entering a block pushes (breaker, permit, start)
+# onto it; a normal exit pops the top entry. Nothing is allocated per block.
+#
+# An exit in a foreign context (a generator closed by another thread or task) cannot find its
+# entry on its own stack: it takes, from every live stack, the most recently entered open entry
+# of the same breaker. Each entry has a word, (version << 1) | taken: taking an entry, by its
+# owner or by a foreign exit, is one CAS from open to taken on the version that was read, so
+# every entry is taken exactly once. An owner skips entries taken by a foreign exit and drops
+# them once they reach the top. A slot is reused only under a new version, so a foreign exit
+# that read a slot before it was reused fails its CAS and looks again. The registry of stacks
+# is a list guarded by a spin lock, taken only by foreign exits, by a stack that grows, and by
+# a stack's creation and destruction. While a stack has open entries the registry holds a
+# reference to it, so that a block entered in a context that has since ended (a thread that
+# finished with a suspended generator) can still be taken by the exit that comes later.
+ctypedef struct with_entry_t:
+    int64_t word
+    PyObject *breaker       # a strong reference while the entry is on its stack
+    int64_t permit
+    int64_t start
+    int64_t order           # global entry order: "most recently entered" for foreign exits
+
+ctypedef struct with_stack_t:
+    with_entry_t *items
+    int64_t n               # entries on the stack (written by the owner only)
+    int64_t cap
+    int64_t ver             # the owner's version counter for entry words
+    int64_t open            # entries not yet taken (atomic)
+    PyObject *obj           # the WithStack
+    with_stack_t *prev
+    with_stack_t *next
+
+cdef int64_t _with_lock = 0
+cdef int64_t _with_order = 0
+cdef with_stack_t _with_head    # sentinel of the registry's circular list
+_with_head.prev = &_with_head
+_with_head.next = &_with_head
+
+cdef inline void with_lock() noexcept nogil:
+    cdef int64_t expected
+    while True:
+        expected = 0
+        if fb_cas_strong(&_with_lock, &expected, 1):
+            return
+
+cdef inline void with_unlock() noexcept nogil:
+    fb_store_rel(&_with_lock, 0)
+
+
 @cython.final
 @cython.no_gc
-@cython.freelist(8)
-cdef class Block:
-    """An open ``with`` block (see ``_calls.Block``, which it mirrors)."""
+cdef class WithStack:
+    """The open ``with`` blocks of one context (internal)."""
 
-    cdef readonly object breaker
-    cdef readonly int64_t permit
-    cdef readonly int64_t start
-    cdef readonly object rest
+    cdef with_stack_t s
+    cdef Py_ssize_t owner   # the owning Context's address (compared, never dereferenced)
 
-    def __init__(self, breaker, int64_t permit, int64_t start, rest):
-        self.breaker = breaker
-        self.permit = permit
-        self.start = start
-        self.rest = rest
+    def __cinit__(self):
+        self.s.items = <with_entry_t *>PyMem_Calloc(8, sizeof(with_entry_t))
+        if self.s.items == NULL:
+            raise MemoryError()
+        self.s.cap = 8
+        self.s.obj = <PyObject *>self
+        with_lock()
+        self.s.prev = &_with_head
+        self.s.next = _with_head.next
+        _with_head.next.prev = &self.s
+        _with_head.next = &self.s
+        with_unlock()
+
+    def __dealloc__(self):
+        cdef int64_t i
+        if self.s.next != NULL:
+            with_lock()
+            self.s.prev.next = self.s.next
+            self.s.next.prev = self.s.prev
+            with_unlock()
+        for i in range(self.s.n):
+            Py_DECREF(<object>self.s.items[i].breaker)
+        PyMem_Free(self.s.items)
+
+    @property
+    def open_blocks(self):
+        """How many blocks entered in this context are open (for tests)."""
+        cdef int64_t i, k = 0
+        for i in range(self.s.n):
+            if not (fb_load_acq(&self.s.items[i].word) & 1):
+                k += 1
+        return k
+
+
+cdef object _with_var = _contextvars.ContextVar("fastbreaker_with_blocks", default=None)
+
+
+cdef inline WithStack own_stack():
+    """This context's stack, or None when it has none yet."""
+    cdef PyObject *value
+    PyContextVar_Get(_with_var, NULL, &value)
+    cdef Py_ssize_t ctx = <Py_ssize_t>fb_tstate_get().context
+    if value != <PyObject *>None and (<WithStack>value).owner == ctx:
+        Py_DECREF(<object>value)
+        return <WithStack>value
+    Py_DECREF(<object>value)
+    return None
+
+
+cdef WithStack new_stack():
+    cdef WithStack st = WithStack.__new__(WithStack)
+    st.owner = <Py_ssize_t>fb_tstate_get().context  # set by PyContextVar_Get in own_stack
+    PyContextVar_Set(_with_var, st)
+    return st
+
+
+cdef inline void drop_taken(WithStack st) noexcept:
+    """Pop the entries on top that an exit has taken (the owner only)."""
+    cdef int64_t n = st.s.n
+    cdef with_entry_t *e
+    while n > 0:
+        e = &st.s.items[n - 1]
+        if not (fb_load_acq(&e.word) & 1):
+            break
+        n -= 1
+        fb_store_rel(&st.s.n, n)
+        Py_DECREF(<object>e.breaker)
+
+
+cdef int grow(WithStack st) except -1:
+    cdef int64_t cap = st.s.cap * 2
+    with_lock()  # a foreign exit may be reading the items
+    items = <with_entry_t *>PyMem_Realloc(st.s.items, cap * sizeof(with_entry_t))
+    if items != NULL:
+        st.s.items = items
+        st.s.cap = cap
+    with_unlock()
+    if items == NULL:
+        raise MemoryError()
+    return 0
+
+
+cdef int push_block(CircuitBreaker b, int64_t permit, int64_t start) except -1:
+    st = own_stack()
+    if st is None:
+        st = new_stack()
+    else:
+        drop_taken(st)
+    cdef int64_t n = st.s.n
+    if n == st.s.cap:
+        grow(st)
+    cdef with_entry_t *e = &st.s.items[n]
+    Py_INCREF(b)
+    e.breaker = <PyObject *>b
+    e.permit = permit
+    e.start = start
+    e.order = fb_add(&_with_order, 1)
+    if fb_add(&st.s.open, 1) == 1:
+        Py_INCREF(st)  # the registry's reference while an entry is open
+    st.s.ver += 1
+    fb_store_rel(&e.word, st.s.ver << 1)
+    fb_store_rel(&st.s.n, n + 1)
+    return 0
+
+
+cdef bint pop_block(CircuitBreaker b, int64_t *permit, int64_t *start) except -1:
+    """Take the entry of the exiting block of ``b``: False if it is not on this context's
+    stack (a foreign exit)."""
+    cdef with_entry_t *e
+    cdef int64_t i, w
+    st = own_stack()
+    if st is None:
+        return False
+    i = st.s.n - 1
+    while i >= 0:
+        e = &st.s.items[i]
+        w = fb_load_acq(&e.word)
+        if e.breaker == <PyObject *>b and not (w & 1):
+            permit[0] = e.permit
+            start[0] = e.start
+            if fb_cas_strong(&e.word, &w, w | 1):
+                drop_taken(st)
+                if fb_add(&st.s.open, -1) == 0:
+                    Py_DECREF(st)  # this context holds it too: never the last reference
+                return True
+            continue  # taken meanwhile by a foreign exit: look again
+        i -= 1
+    return False
+
+
+cdef int take_foreign(CircuitBreaker b, int64_t *permit, int64_t *start) except -1:
+    """Take the most recently entered open entry of ``b`` on any stack."""
+    cdef with_stack_t *s
+    cdef with_entry_t *e
+    cdef with_entry_t *best
+    cdef with_stack_t *best_s
+    cdef int64_t i, n, w, best_w, best_order, p = 0, t = 0
+    cdef bint found
+    cdef PyObject *release
+    while True:
+        best = NULL
+        best_s = NULL
+        best_w = 0
+        best_order = -1
+        with_lock()
+        s = _with_head.next
+        while s != &_with_head:
+            n = fb_load_acq(&s.n)
+            for i in range(n):
+                e = &s.items[i]
+                w = fb_load_acq(&e.word)
+                if not (w & 1) and e.breaker == <PyObject *>b and e.order > best_order:
+                    best, best_s, best_w, best_order = e, s, w, e.order
+                    p, t = e.permit, e.start
+            s = s.next
+        found = best != NULL and fb_cas_strong(&best.word, &best_w, best_w | 1)
+        release = NULL
+        if found and fb_add(&best_s.open, -1) == 0:
+            release = best_s.obj
+        with_unlock()
+        if release != NULL:
+            Py_DECREF(<object>release)  # may free a stack whose context has ended
+        if found:
+            permit[0] = p
+            start[0] = t
+            return 0
+        if best == NULL:
+            raise RuntimeError("breaker exited a `with` block that it never entered")
+
+
+def open_with_blocks(breaker):
+    """How many ``with`` blocks of ``breaker`` are open in every context (for tests)."""
+    cdef with_stack_t *s
+    cdef int64_t i, k = 0
+    with_lock()
+    s = _with_head.next
+    while s != &_with_head:
+        for i in range(fb_load_acq(&s.n)):
+            if not (fb_load_acq(&s.items[i].word) & 1) and s.items[i].breaker == <PyObject *>breaker:
+                k += 1
+        s = s.next
+    with_unlock()
+    return k
 
 
 _CLOSED, _OPEN, _HALF_OPEN, _ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
@@ -909,9 +1143,7 @@ cdef class CircuitBreaker:
             return _calls.decorate(self, fn)
         return guard(self, fn)
 
-    # The permit of each `with` block lives on a per-context stack and in the shared table of
-    # open blocks (see _calls): the common case of _calls.enter/exit is inlined here because
-    # `with breaker:` is a hot path; anything else goes through _calls.
+    # The permit of each `with` block lives on this context's WithStack (see push_block).
     def __enter__(self):
         cdef int64_t permit = acquire_or_reject(self)
         cdef int64_t start = 0
@@ -919,27 +1151,17 @@ cdef class CircuitBreaker:
             raise open_error(self)
         if cfg_of(&self.st).timed:
             start = _calls.start_or_release(self, permit)
-        rest = _active_get()
-        while rest is not None and rest not in _open_blocks:
-            rest = rest.rest  # a block that exited in another context
-        node = <Block>Block.__new__(Block)
-        node.breaker = self
-        node.permit = permit
-        node.start = start
-        node.rest = rest
-        _open_blocks[node] = None
-        _active_set(node)
+        try:
+            push_block(self, permit, start)
+        except BaseException:
+            finish(self, permit, FB_NEUTRAL)
+            raise
         return self
 
     def __exit__(self, et, exc, tb):
-        cdef int64_t permit, start
-        node = _active_get()
-        if (type(node) is Block and (<Block>node).breaker is self
-                and _open_blocks.pop(node, _MISSING) is None):
-            _active_set((<Block>node).rest)
-            permit, start = (<Block>node).permit, (<Block>node).start
-        else:
-            permit, start = _calls.pop_entry(self)
+        cdef int64_t permit = 0, start = 0
+        if not pop_block(self, &permit, &start):
+            take_foreign(self, &permit, &start)
         if exc is not None:
             if cfg_of(&self.st).timed:
                 _calls.finish_raised(self, permit, start, exc)
@@ -1381,7 +1603,3 @@ fb_install_fastcall(<PyObject *>CircuitBreaker, <fb_fastcall_kw_t>call_fastcall)
 from functools import update_wrapper as _update_wrapper
 from bisect import bisect_left as _bisect_left
 _calls_kind = _calls.kind
-_active_get = _calls._active.get
-_active_set = _calls._active.set
-cdef dict _open_blocks = _calls._open_blocks
-cdef object _MISSING = _calls._MISSING
