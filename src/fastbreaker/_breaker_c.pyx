@@ -14,8 +14,9 @@ admissions are rejected and outcomes of the ending generation are stale: nobody 
 cimport cython
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.math cimport INFINITY
+from libc.string cimport memset
 
 from ._errors import CircuitOpenError, State, label_name
 from ._metrics import Latency, Metrics
@@ -36,6 +37,8 @@ cdef extern from "Python.h":
     ctypedef struct fb_tstate_t "PyThreadState":
         PyObject *context
     fb_tstate_t *fb_tstate_get "PyThreadState_Get"()
+    void *fb_raw_calloc "PyMem_RawCalloc"(size_t n, size_t size) nogil
+    void fb_raw_free "PyMem_RawFree"(void *p) nogil
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -66,19 +69,51 @@ cdef extern from "_fb_breaker.h" nogil:
     ctypedef struct window_t "fb_window_t":
         int64_t agg, head
         int64_t slots[1]
+    ctypedef struct extra_t "fb_extra_t":
+        int64_t *lat
+        int64_t opened, would_reject, open_ns, probe_ok, probe_failed, timeouts
+        int64_t open_from, fleet_gen
     ctypedef struct core_t "fb_breaker_t":
         int64_t word, gen_hi, since_ns, consec
         window_t *win
         config_t *cfg
-        int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened
-        int64_t *tw
-        int64_t *lat
-        int64_t would_reject, open_ns, probe_ok, probe_failed, timeouts
-        int64_t open_from
+        extra_t *x
+        int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale
 
 # The config pointer is swapped (BreakerMap) while other threads read it: atomic accesses.
 cdef inline config_t *cfg_of(core_t *b) noexcept nogil:
     return <config_t *>fb_load_ptr(<void **>&b.cfg)
+
+# The rarely needed part (fb_extra_t in _fb_breaker.h): x_of reads it (NULL reads as zeros),
+# x_need installs it on first need with one CAS. The allocation is raw, so it needs no GIL (the
+# C API); if it fails, the event that needed it goes uncounted in these counters, and nothing
+# else changes.
+cdef inline extra_t *x_of(core_t *b) noexcept nogil:
+    return <extra_t *>fb_load_ptr(<void **>&b.x)
+
+cdef extra_t *x_need(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_of(b)
+    cdef int64_t expected = 0
+    if x != NULL:
+        return x
+    x = <extra_t *>fb_raw_calloc(1, sizeof(extra_t))
+    if x == NULL:
+        return NULL
+    if fb_cas_strong(<int64_t *>&b.x, &expected, <int64_t>x):
+        return x
+    fb_raw_free(x)  # another thread installed one first
+    return <extra_t *>expected
+
+# The window pointer (see _fb_breaker.h): the count window, or the time window's array tagged
+# with its low bit; the two are exclusive options, and both are set before the breaker is
+# published and never change.
+cdef inline window_t *cw_of(core_t *b) noexcept nogil:
+    cdef uintptr_t p = <uintptr_t>b.win
+    return NULL if p & 1 else <window_t *>p
+
+cdef inline int64_t *tw_of(core_t *b) noexcept nogil:
+    cdef uintptr_t p = <uintptr_t>b.win
+    return <int64_t *>(p - 1) if p & 1 else NULL
 
 # -- the state word ------------------------------------------------------------------------------
 cdef enum:
@@ -173,16 +208,21 @@ cdef int64_t transition(core_t *b, int64_t w, int new, int64_t now, int64_t infl
                         int64_t level, bint reserved, int *trans) noexcept nogil:
     cdef int old = w & ST_MASK
     cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.gen_hi), since
+    cdef extra_t *x
     if (old == S_CLOSED) != (new == S_CLOSED) and not reserved:
         group_open_add(b, 1 if old == S_CLOSED else -1)
     if old == S_OPEN:
-        since = fb_load_rlx(&b.open_from)
-        if now > since:
-            fb_add(&b.open_ns, now - since)
+        x = x_of(b)  # made by the trip that began the episode
+        if x != NULL:
+            since = fb_load_rlx(&x.open_from)
+            if now > since:
+                fb_add(&x.open_ns, now - since)
     if new == S_OPEN:
         fb_store_rlx(&b.since_ns, now)
-        fb_store_rlx(&b.open_from, now)
-        fb_add(&b.opened, 1)
+        x = x_need(b)
+        if x != NULL:
+            fb_store_rlx(&x.open_from, now)
+            fb_add(&x.opened, 1)
     elif new == S_HALF_OPEN:
         fb_store_rlx(&b.since_ns, now)
     elif new == S_CLOSED:
@@ -206,12 +246,13 @@ cdef inline int64_t claim(core_t *b) noexcept nogil:
             return w
 
 cdef inline void clear_window(core_t *b, int64_t new_gen) noexcept nogil:
-    cdef window_t *win = b.win
+    cdef window_t *win = cw_of(b)
+    cdef int64_t *tw = tw_of(b)
     cdef int64_t i, nwords
     fb_store_rlx(&b.consec, (new_gen & GEN_MASK) << CONSEC_SHIFT)
-    if b.tw != NULL:
+    if tw != NULL:
         for i in range(cfg_of(b).buckets + 1):
-            fb_store_rlx(&b.tw[i], 0)
+            fb_store_rlx(&tw[i], 0)
     if win == NULL:
         return
     nwords = (cfg_of(b).window + 31) >> 5
@@ -242,6 +283,7 @@ cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
 
 cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
     cdef int64_t w, since, gen, inflight
+    cdef extra_t *x
     cdef int st
     cdef config_t *c = cfg_of(b)
     w = fb_load_acq(&b.word)
@@ -281,7 +323,9 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             trans[0] = trans_code(S_HALF_OPEN, S_HALF_OPEN, gen)
             return full_gen(b, w)
     if c.dry_run:
-        fb_add(&b.would_reject, 1)
+        x = x_need(b)
+        if x != NULL:
+            fb_add(&x.would_reject, 1)
         fb_add(&b.permitted, 1)
         return DRY_RUN_PERMIT
     fb_add(&b.rejected, 1)
@@ -293,6 +337,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
     cdef int64_t w, gen, ok
     cdef int st
     cdef config_t *c = cfg_of(b)
+    cdef extra_t *x
     cdef bint timeout = outcome == FB_TIMEOUT
     if timeout:
         outcome = FB_FAILURE
@@ -320,14 +365,16 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
                 return FB_NEED_CLOCK_
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
+            x = x_need(b)
             if outcome == FB_FAILURE:
                 fb_add(&b.failures, 1)
-                if timeout:
-                    fb_add(&b.timeouts, 1)
+                if timeout and x != NULL:
+                    fb_add(&x.timeouts, 1)
             else:
                 fb_add(&b.successes, 1)
                 fb_add(&b.slow_calls, 1)
-            fb_add(&b.probe_failed, 1)
+            if x != NULL:
+                fb_add(&x.probe_failed, 1)
             transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
             return 0
         ok = w_ok(w) + 1
@@ -335,37 +382,45 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
             if not fb_cas(&b.word, &w, w | BUSY):
                 continue
             fb_add(&b.successes, 1)
-            fb_add(&b.probe_ok, 1)
+            x = x_need(b)
+            if x != NULL:
+                fb_add(&x.probe_ok, 1)
             transition(b, w, S_CLOSED, 0, 0, 0, False, trans)
             return 0
         if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
             fb_add(&b.successes, 1)
-            fb_add(&b.probe_ok, 1)
+            x = x_need(b)
+            if x != NULL:
+                fb_add(&x.probe_ok, 1)
             return 0
 
 cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint timeout, int64_t now,
                                int *trans) noexcept nogil:
     cdef config_t *c = cfg_of(b)
     cdef bint failed, slow, trip = False
-    cdef bint windowed = b.win != NULL or b.tw != NULL
+    cdef int64_t *tw = tw_of(b)
+    cdef bint windowed = b.win != NULL  # either window
     cdef int64_t cur, count, tag, gen = permit & GEN_MASK
+    cdef extra_t *x
     if outcome == FB_NEUTRAL:
         fb_add(&b.ignored, 1)
         return 0
     failed = outcome == FB_FAILURE
     slow = outcome == FB_SLOW
-    if b.tw != NULL:
+    if tw != NULL:
         # the bucket decides first whether the outcome counts at all
         now = resolve_now(b, now)
         if now < 0:
             return FB_NEED_CLOCK_
-        if not twindow_record(b, c, now, failed, slow):
+        if not twindow_record(tw, c, now, failed, slow):
             fb_add(&b.stale, 1)
             return 0
     if failed:
         fb_add(&b.failures, 1)
         if timeout:
-            fb_add(&b.timeouts, 1)
+            x = x_need(b)
+            if x != NULL:
+                fb_add(&x.timeouts, 1)
     else:
         fb_add(&b.successes, 1)
         if slow:
@@ -388,16 +443,16 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
             trip = True
     elif (cur >> CONSEC_SHIFT) == gen and (cur & CONSEC_MASK) != 0:
         fb_cas_strong(&b.consec, &cur, tag)
-    if b.win != NULL:
+    if b.win != NULL and tw == NULL:
         trip = window_record(b, 2 if failed else (3 if slow else 1))
-    elif b.tw != NULL and (failed or slow):
-        trip = twindow_trips(b, c, now)
+    elif tw != NULL and (failed or slow):
+        trip = twindow_trips(tw, c, now)
     if trip:
         return trip_auto(b, permit, now, trans)
     return 0
 
 cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
-    cdef window_t *win = b.win
+    cdef window_t *win = cw_of(b)
     cdef config_t *c = cfg_of(b)
     cdef int64_t pos = (fb_add(&win.head, 1) - 1) % c.window
     cdef int64_t *slot = &win.slots[pos >> 5]
@@ -431,11 +486,11 @@ cdef inline bint window_record(core_t *b, int64_t code) noexcept nogil:
 cdef inline int64_t bucket_tag(int64_t word) noexcept nogil:
     return <int64_t>(<uint64_t>word >> TAG_SHIFT)
 
-cdef inline bint twindow_record(core_t *b, config_t *c, int64_t now, bint failed, bint slow) noexcept nogil:
+cdef inline bint twindow_record(int64_t *tw, config_t *c, int64_t now, bint failed, bint slow) noexcept nogil:
     """Count one outcome in the bucket of `now` (True), or False if that bucket rolled out."""
     cdef int64_t epoch = now // c.bucket_ns
     cdef int64_t tag = epoch & TAG_MASK
-    cdef int64_t *slot = &b.tw[1 + epoch % c.buckets]
+    cdef int64_t *slot = &tw[1 + epoch % c.buckets]
     cdef int64_t add = 1 + ((<int64_t>failed) << CNT_BITS) + ((<int64_t>slow) << (2 * CNT_BITS))
     cdef int64_t cur = fb_load_rlx(slot), last
     while True:
@@ -447,29 +502,29 @@ cdef inline bint twindow_record(core_t *b, config_t *c, int64_t now, bint failed
             continue
         # A stale tag: reset the bucket to this epoch, unless it holds a later one. The latest
         # reset epoch is raised before the reset, so a bucket never holds an epoch above it.
-        last = fb_load_acq(&b.tw[0])
+        last = fb_load_acq(&tw[0])
         if last > epoch and ((bucket_tag(cur) - tag) & TAG_MASK) < (TAG_MASK >> 1):
             return False
         if last < epoch:
-            fb_max(&b.tw[0], epoch)
+            fb_max(&tw[0], epoch)
         if fb_cas(slot, &cur, <int64_t>((<uint64_t>tag << TAG_SHIFT) | <uint64_t>add)):
             return True
 
-cdef inline void twindow_sums(core_t *b, config_t *c, int64_t now, int64_t *sums) noexcept nogil:
+cdef inline void twindow_sums(int64_t *tw, config_t *c, int64_t now, int64_t *sums) noexcept nogil:
     """sums[0..2] = recorded, failed, slow over the buckets of the window ending at `now`."""
     cdef int64_t epoch = now // c.bucket_ns, n = c.buckets, i, w, expected
     sums[0] = sums[1] = sums[2] = 0
     for i in range(n):
-        w = fb_load_rlx(&b.tw[1 + i])
+        w = fb_load_rlx(&tw[1 + i])
         expected = (epoch - (((epoch - i) % n) + n) % n) & TAG_MASK
         if bucket_tag(w) == expected:
             sums[0] += w & CNT_MASK
             sums[1] += (w >> CNT_BITS) & CNT_MASK
             sums[2] += (w >> (2 * CNT_BITS)) & CNT_MASK
 
-cdef inline bint twindow_trips(core_t *b, config_t *c, int64_t now) noexcept nogil:
+cdef inline bint twindow_trips(int64_t *tw, config_t *c, int64_t now) noexcept nogil:
     cdef int64_t sums[3]
-    twindow_sums(b, c, now, sums)
+    twindow_sums(tw, c, now, sums)
     if sums[0] <= 0 or sums[0] < opt(&c.min_calls):
         return False
     if <double>sums[1] / <double>sums[0] >= c.failure_rate:
@@ -1001,14 +1056,13 @@ cdef class CircuitBreaker:
     def __dealloc__(self):
         cdef config_t *c = cfg_of(&self.st)
         if self.st.win != NULL:
-            PyMem_Free(self.st.win)
+            PyMem_Free(<void *>(<uintptr_t>self.st.win & ~(<uintptr_t>1)))
             self.st.win = NULL
-        if self.st.tw != NULL:
-            PyMem_Free(self.st.tw)
-            self.st.tw = NULL
-        if self.st.lat != NULL:
-            PyMem_Free(self.st.lat)
-            self.st.lat = NULL
+        cdef extra_t *x = self.st.x
+        if x != NULL:
+            PyMem_Free(x.lat)
+            fb_raw_free(x)
+            self.st.x = NULL
         if c != NULL:
             fb_store_ptr(<void **>&self.st.cfg, NULL)
             Py_DECREF(<object>c.owner)
@@ -1085,7 +1139,7 @@ cdef class CircuitBreaker:
 
     def _observe(self, int64_t elapsed_ns):
         """Add a timed call's duration to the latency histogram (no-op when not timing)."""
-        cdef int64_t *lat = self.st.lat
+        cdef int64_t *lat = lat_of(&self.st)
         cdef Py_ssize_t i
         if lat == NULL:
             return
@@ -1216,30 +1270,37 @@ cdef class CircuitBreaker:
         the clock: a failing user clock leaves the current bucket and episode out)."""
         cdef config_t *c = live(self)
         cdef int64_t w = fb_load_acq(&self.st.word)
-        cdef int64_t since = fb_load_rlx(&self.st.open_from)
+        cdef extra_t *x = x_of(&self.st)
+        cdef extra_t zero
+        cdef int64_t *tw = tw_of(&self.st)
         cdef int64_t cur = fb_load_rlx(&self.st.consec), agg, rec = 0, fail = 0, slow = 0
-        cdef int64_t now = 0, open_ns
+        cdef int64_t now = 0, open_ns, since
         cdef int64_t sums[3]
         cdef bint closed = (w & ST_MASK) == S_CLOSED
-        cdef bint windowed = self.st.win != NULL or self.st.tw != NULL
+        cdef window_t *win = cw_of(&self.st)
+        cdef bint windowed = self.st.win != NULL  # either window
+        if x == NULL:
+            memset(&zero, 0, sizeof(extra_t))  # never tripped, timed out or ran dry: all zero
+            x = &zero
+        since = fb_load_rlx(&x.open_from)
         latency = latency_of(self)
-        if (w & ST_MASK) == S_OPEN or self.st.tw != NULL:
+        if (w & ST_MASK) == S_OPEN or tw != NULL:
             try:
                 now = now_of(self)
             except Exception:
                 now = -1
-        open_ns = fb_load_rlx(&self.st.open_ns)
+        open_ns = fb_load_rlx(&x.open_ns)
         if now < 0:
-            now = fb_load_rlx(&self.st.tw[0]) * c.bucket_ns if self.st.tw != NULL else 0
-        elif (fb_load_acq(&self.st.word) & ST_MASK) == S_OPEN and fb_load_rlx(&self.st.open_from) == since:
+            now = fb_load_rlx(&tw[0]) * c.bucket_ns if tw != NULL else 0
+        elif (fb_load_acq(&self.st.word) & ST_MASK) == S_OPEN and fb_load_rlx(&x.open_from) == since:
             open_ns += now - since if now > since else 0
-        if self.st.win != NULL:
-            agg = fb_load_rlx(&self.st.win.agg)
+        if win != NULL:
+            agg = fb_load_rlx(&win.agg)
             rec = (agg & AGG_MASK) - AGG_BIAS
             fail = ((agg >> AGG_BITS) & AGG_MASK) - AGG_BIAS
             slow = ((agg >> (2 * AGG_BITS)) & AGG_MASK) - AGG_BIAS
-        elif self.st.tw != NULL:
-            twindow_sums(&self.st, c, now, sums)
+        elif tw != NULL:
+            twindow_sums(tw, c, now, sums)
             rec, fail, slow = sums[0], sums[1], sums[2]
         return Metrics(
             state=_STATES[w & ST_MASK],
@@ -1250,16 +1311,16 @@ cdef class CircuitBreaker:
             slow_calls=fb_load_rlx(&self.st.slow_calls),
             ignored=fb_load_rlx(&self.st.ignored),
             stale=fb_load_rlx(&self.st.stale),
-            opened=fb_load_rlx(&self.st.opened),
+            opened=fb_load_rlx(&x.opened),
             consecutive_failures=(cur & CONSEC_MASK) if closed and (cur >> CONSEC_SHIFT) == w_gen(w) else 0,
             failure_rate=((<double>fail / rec) if rec > 0 else 0.0) if windowed else None,
             slow_call_rate=((<double>slow / rec) if rec > 0 else 0.0) if windowed else None,
             recorded=rec if windowed else 0,
-            would_reject=fb_load_rlx(&self.st.would_reject),
+            would_reject=fb_load_rlx(&x.would_reject),
             open_seconds_total=open_ns / 1e9,
-            probe_successes=fb_load_rlx(&self.st.probe_ok),
-            probe_failures=fb_load_rlx(&self.st.probe_failed),
-            timeouts=fb_load_rlx(&self.st.timeouts),
+            probe_successes=fb_load_rlx(&x.probe_ok),
+            probe_failures=fb_load_rlx(&x.probe_failed),
+            timeouts=fb_load_rlx(&x.timeouts),
             latency=latency,
         )
 
@@ -1283,8 +1344,8 @@ cdef class CircuitBreaker:
         return f"<CircuitBreaker name={self.name!r} state={self.state.name}>"
 
     # -- fleet coordination (fastbreaker.contrib.redis) -------------------------------------------
-    # The last fleet generation applied: written only under a claim of the state word.
-    cdef int64_t _fleet_gen
+    # The last fleet generation applied (st.x.fleet_gen) is written only under a claim of the
+    # state word.
 
     def _fleet(self, int64_t fleet_gen, int64_t local_gen, int state, double seconds, int probes):
         """The fenced entry point of a fleet's state: the twin documents it (``_breaker_py``)."""
@@ -1292,6 +1353,8 @@ cdef class CircuitBreaker:
         cdef int64_t now = 0, w, gen, since, hmax = opt(&c.half_open_max)
         cdef int trans = 0
         cdef bint applied = False
+        cdef extra_t *x = x_of(&self.st)
+        cdef int64_t last = fb_load_rlx(&x.fleet_gen) if x != NULL else 0
         if state < S_CLOSED or state > S_HALF_OPEN:
             raise ValueError(f"state must be 0 (CLOSED), 1 (OPEN) or 2 (HALF_OPEN), got {state!r}")
         if not (0.0 <= seconds < 1e8):
@@ -1299,17 +1362,20 @@ cdef class CircuitBreaker:
         if probes < 0 or probes > hmax:
             raise ValueError(
                 f"probes must be in 0..{hmax} (half_open_max_calls), got {probes!r}")
-        if fleet_gen > self._fleet_gen:
+        if fleet_gen > last:
             now = now_of(self)  # before the claim: a Python clock must not run under it
-        if fleet_gen > self._fleet_gen:
+            x = x_need(&self.st)
+            if x == NULL:
+                raise MemoryError()
+        if fleet_gen > last:
             # Fenced under a claim of the word: no transition can happen between the checks
             # and the apply (a reader only, fleet_gen 0, never claims).
             w = claim(&self.st)
             gen = full_gen(&self.st, w)
-            if (fleet_gen > self._fleet_gen and (local_gen < 0 or local_gen == gen)
+            if (fleet_gen > fb_load_rlx(&x.fleet_gen) and (local_gen < 0 or local_gen == gen)
                     and (w & ST_MASK) != S_ISOLATED):
                 applied = True
-                self._fleet_gen = fleet_gen
+                fb_store_rlx(&x.fleet_gen, fleet_gen)
                 if state == S_CLOSED and (w & ST_MASK) != S_CLOSED:
                     transition(&self.st, w, S_CLOSED, now, 0, 0, False, &trans)
                 elif state == S_OPEN:
@@ -1350,13 +1416,19 @@ cdef setup(CircuitBreaker self, Config config, label):
         if self.st.win == NULL:
             raise MemoryError()
         self.st.win.agg = AGG_ZERO
+    cdef extra_t *x
+    cdef int64_t *tw
     if config.c.bucket_ns:
-        self.st.tw = <int64_t *>PyMem_Calloc(config.c.buckets + 1, sizeof(int64_t))
-        if self.st.tw == NULL:
+        tw = <int64_t *>PyMem_Calloc(config.c.buckets + 1, sizeof(int64_t))
+        if tw == NULL:
             raise MemoryError()
+        self.st.win = <window_t *>(<uintptr_t>tw | 1)
     if config.c.timed:
-        self.st.lat = <int64_t *>PyMem_Calloc(len(config.options.latency_bounds_ns) + 2, sizeof(int64_t))
-        if self.st.lat == NULL:
+        x = x_need(&self.st)
+        if x == NULL:
+            raise MemoryError()
+        x.lat = <int64_t *>PyMem_Calloc(len(config.options.latency_bounds_ns) + 2, sizeof(int64_t))
+        if x.lat == NULL:
             raise MemoryError()
     Py_INCREF(config)
     fb_store_ptr(<void **>&self.st.cfg, &config.c)
@@ -1370,8 +1442,12 @@ cdef int64_t episode_end(CircuitBreaker self) except? -1:
         return now_of(self)
     return 0
 
+cdef inline int64_t *lat_of(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_of(b)
+    return x.lat if x != NULL else NULL
+
 cdef object latency_of(CircuitBreaker self):
-    cdef int64_t *lat = self.st.lat
+    cdef int64_t *lat = lat_of(&self.st)
     cdef Py_ssize_t i, nb
     if lat == NULL:
         return None
@@ -1499,7 +1575,7 @@ cdef object finish(CircuitBreaker self, int64_t permit, int outcome, bint raw=Fa
     # record_*() records nothing and raises; a call path's permit is given back as neutral (a
     # probe slot must not stay taken), then the clock's error propagates.
     if not live(self).use_c_clock and outcome != FB_NEUTRAL and (
-            outcome != FB_SUCCESS or self.st.win != NULL or self.st.tw != NULL):
+            outcome != FB_SUCCESS or self.st.win != NULL):
         try:
             now = now_of(self)
         except BaseException:

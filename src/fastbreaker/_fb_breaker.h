@@ -38,20 +38,30 @@ typedef struct fb_window_s {
     int64_t slots[1];    /* 2-bit outcome codes, 32 per word (allocated to size) */
 } fb_window_t;
 
-/* The time window: tw[0] is the latest epoch a bucket was reset for, tw[1 + i] bucket i:
- * tag (epoch mod 2**22) << 42 | slow << 28 | failed << 14 | recorded, 14-bit saturating counts. */
+/* What a breaker needs only once it has tripped, timed out, run dry or joined a fleet, or when
+ * its options ask for a latency histogram: allocated on first need (one CAS installs it; a
+ * loser frees its copy), so that a healthy CLOSED breaker in a map of 10,000 hosts carries one
+ * NULL pointer for all of it. */
+typedef struct fb_extra_s {
+    int64_t *lat;        /* the latency histogram: a count per bound, +Inf, the sum in ns; or NULL */
+    int64_t opened, would_reject, open_ns, probe_ok, probe_failed, timeouts;
+    int64_t open_from;   /* OPEN: when the episode began (since_ns minus a fleet's shift) */
+    int64_t fleet_gen;   /* the last fleet generation applied (written under a claim) */
+} fb_extra_t;
+
 typedef struct fb_breaker_s {
     int64_t word;        /* state | busy | probes in flight | probe successes | level | generation */
     int64_t gen_hi;      /* the generation's bits above the word's 22: a permit is the full count */
     int64_t since_ns;    /* OPEN: trip time; HALF_OPEN: latest probe admission */
     int64_t consec;      /* generation << 40 | consecutive failures */
-    fb_window_t *win;    /* the count window, or NULL */
+    /* The window: NULL in consecutive mode; the count window; or the time window, tagged by its
+     * low bit set: tw = (int64_t *)((uintptr_t)win - 1), where tw[0] is the latest epoch a bucket
+     * was reset for and tw[1 + i] bucket i, tag (epoch mod 2**22) << 42 | slow << 28 |
+     * failed << 14 | recorded, in 14-bit saturating counts. */
+    fb_window_t *win;
     fb_config_t *cfg;
-    int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale, opened;
-    int64_t *tw;         /* the time window, or NULL (see above) */
-    int64_t *lat;        /* the latency histogram: a count per bound, +Inf, the sum in ns; or NULL */
-    int64_t would_reject, open_ns, probe_ok, probe_failed, timeouts;
-    int64_t open_from;   /* OPEN: when the episode began (since_ns minus a fleet's shift) */
+    fb_extra_t *x;       /* NULL until needed (see fb_extra_t) */
+    int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale;
 } fb_breaker_t;
 
 #endif
