@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import fastbreaker
-from fastbreaker.bench import _render, _section, _targets
+from fastbreaker.bench import _breakers, _render, _section, _targets
 
 pytestmark = pytest.mark.thread_unsafe  # each test runs the report in a subprocess
 
@@ -74,12 +74,16 @@ def test_rows_for_fastbreaker_floor_and_installed_peers(report: dict[str, Any]) 
     data = report["data"]
     keys = [row["key"] for row in data["rows"]]
     expected = ["fastbreaker_py", "floor"] + [p for p in PEERS if importlib.util.find_spec(p)]
+    variants = {"fastbreaker_count_window", "fastbreaker_time_window", "fastbreaker_dry_run"}
     if fastbreaker.COMPILED:
-        expected += ["fastbreaker", "fastbreaker_fleet"]
+        expected += ["fastbreaker", "fastbreaker_fleet", *variants]
     assert sorted(keys) == sorted(expected)
     skipped = {s["label"] for s in data["skipped"]}
+    compiled_rows = {"fastbreaker (compiled)", "fastbreaker + fleet"} | {
+        label for label, _ in _breakers.VARIANTS
+    }
     assert skipped == {p for p in PEERS if not importlib.util.find_spec(p)} | (
-        set() if fastbreaker.COMPILED else {"fastbreaker (compiled)", "fastbreaker + fleet"}
+        set() if fastbreaker.COMPILED else compiled_rows
     )
     rows = {row["key"]: row for row in data["rows"]}
     assert rows["fastbreaker_py"]["allow_ns"] is not None
@@ -261,6 +265,22 @@ def test_targets_compare_unrounded_ratios() -> None:
     assert check["x_floor"] == pytest.approx(2.75) and check["met"] is False
     lines = _targets.target_lines({"targets": targets, "check_targets": True})
     assert "the floor Floor().allow(); Floor().record_success() (20.0 ns)" in " ".join(lines)
+    # rows with other options are compared with a reference row of the same run
+    counted = _section.System(
+        "fastbreaker_count_window", "w", "0", {}, {}, {}, results={"allow_record_ns": 40.0}
+    )
+    timed = _section.System(
+        "fastbreaker_time_window", "t", "0", {}, {}, {}, results={"allow_record_ns": 61.0}
+    )
+    dry = _section.System("fastbreaker_dry_run", "d", "0", {}, {}, {}, results={"call_ns": 31.0})
+    targets = _targets.compute_targets([fb, floor, counted, timed, dry], 0.0)
+    checks = {t["what"]: t for t in targets["checks"]}
+    window = checks["time window: allow() + record_success()"]
+    assert window["x_floor"] == pytest.approx(61.0 / 40.0) and window["met"] is False  # > 1.5x
+    dry_run = checks["dry_run=True: call(f) minus f()"]
+    assert dry_run["x_floor"] == pytest.approx(31.0 / 30.0) and dry_run["met"] is True
+    lines = _targets.target_lines({"targets": targets, "check_targets": True})
+    assert any("row count_window (40.0 ns)" in ln and "MISSED" in ln for ln in lines)
 
 
 def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
@@ -276,7 +296,8 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     for what in missed:
         assert what in proc.stderr
     verdicts = [ln for ln in proc.stdout.splitlines() if "target <=" in ln]
-    assert len(verdicts) == 5  # four for the breaker, one for the bulkhead
+    # four for the breaker, two of its rows with other options, one for the bulkhead
+    assert len(verdicts) == 7
     assert sum("MISSED" in ln for ln in verdicts) == len(missed)
 
 

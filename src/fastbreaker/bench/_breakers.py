@@ -65,21 +65,26 @@ BASELINE = {
 }
 
 
-def _fastbreaker_system(key: str, label: str, breaker_mod: Any, map_cls: Any) -> System:
+def _fastbreaker_system(
+    key: str, label: str, breaker_mod: Any, map_cls: Any, **options: Any
+) -> System:
     from .._errors import CircuitOpenError
 
-    cb = breaker_mod.CircuitBreaker(reset_timeout=OPEN_SECONDS)
-    open_cb = breaker_mod.CircuitBreaker(reset_timeout=OPEN_SECONDS)
+    cb = breaker_mod.CircuitBreaker(reset_timeout=OPEN_SECONDS, **options)
+    open_cb = breaker_mod.CircuitBreaker(reset_timeout=OPEN_SECONDS, **options)
     open_cb.trip()
-    expect_raises(lambda: open_cb.call(f), CircuitOpenError, f"{label} call() while OPEN")
+    if not options.get("dry_run"):
+        expect_raises(lambda: open_cb.call(f), CircuitOpenError, f"{label} call() while OPEN")
 
     def build_hosts(hosts: list[str]) -> dict[str, Any]:
         if map_cls is None:
-            m: Any = {h: breaker_mod.CircuitBreaker(reset_timeout=OPEN_SECONDS) for h in hosts}
+            m: Any = {
+                h: breaker_mod.CircuitBreaker(reset_timeout=OPEN_SECONDS, **options) for h in hosts
+            }
             for h in hosts:
                 m[h].call(f)
             return {"m": m}
-        m = map_cls(reset_timeout=OPEN_SECONDS)
+        m = map_cls(reset_timeout=OPEN_SECONDS, **options)
         for h in hosts:
             m.call(h, f)
         return {"m": m}
@@ -143,6 +148,49 @@ def _fleet(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     system.label = "fastbreaker + fleet"
     system.ns.update(cb=cb, coordinator=coordinator)
     return system, ""
+
+
+def _variant(key: str, label: str, **options: Any) -> Any:
+    """A row of the compiled breaker (and map) built with ``options``."""
+
+    def factory(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
+        from .. import COMPILED
+
+        if not COMPILED:
+            return (
+                None,
+                "the pure-Python core is selected (FASTBREAKER_NO_EXTENSIONS or not CPython)",
+            )
+        from .. import _breaker_c
+
+        system = _fastbreaker_system(key, label, _breaker_c, _map_for(_breaker_c), **options)
+        opts = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        system.api = {k: f"{v}, {opts}" for k, v in system.api.items()}
+        if options.get("dry_run"):
+            # a dry run never rejects: its "open" cells are admissions of a tripped breaker
+            system.stmts["open_call_ns"] = "open_cb.call(f)"
+            system.api["open_allow_ns"] = f"cb.allow() -> True after cb.trip(), {opts}"
+            system.api["open_call_ns"] = f"cb.call(f) admitted after cb.trip(), {opts}"
+        return system, ""
+
+    return factory
+
+
+# Rows of the compiled core with other options (labels fit the table's first column).
+VARIANTS = [
+    (
+        "fastbreaker window=100",
+        _variant("fastbreaker_count_window", "fastbreaker window=100", window=100),
+    ),
+    (
+        "fastbreaker time window 60s",
+        _variant("fastbreaker_time_window", "fastbreaker time window 60s", window_seconds=60),
+    ),
+    (
+        "fastbreaker dry_run=True",
+        _variant("fastbreaker_dry_run", "fastbreaker dry_run=True", dry_run=True),
+    ),
+]
 
 
 def _twin(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
@@ -400,6 +448,7 @@ SECTION = Section(
     systems=[
         ("fastbreaker (compiled)", _compiled),
         ("fastbreaker + fleet", _fleet),
+        *VARIANTS,
         ("fastbreaker (pure twin)", _twin),
         ("pybreaker", _pybreaker),
         ("circuitbreaker", _circuitbreaker),

@@ -30,6 +30,26 @@ SECTION_TARGETS = {
     ],
 }
 
+# Targets between two rows of the breaker section: (row, metric, what, limit, reference row), a
+# ratio of the same metric, loop included on both sides. A dry run must cost what a normal
+# breaker costs: its limit leaves 5% for the noise between two rows of one run.
+PAIR_TARGETS = [
+    (
+        "fastbreaker_time_window",
+        "allow_record_ns",
+        "time window: allow() + record_success()",
+        1.5,
+        "fastbreaker_count_window",
+    ),
+    (
+        "fastbreaker_dry_run",
+        "call_ns",
+        "dry_run=True: call(f) minus f()",
+        1.05,
+        "fastbreaker",
+    ),
+]
+
 
 def compute_targets(
     systems: Sequence[System],
@@ -58,6 +78,23 @@ def compute_targets(
         met = None if limit is None else ratio <= limit  # unrounded: what is printed may round
         checks.append(
             {"what": what, "ns": fb[metric] + loop, "x_floor": ratio, "target": limit, "met": met}
+        )
+    for row, metric, what, limit, ref in PAIR_TARGETS:
+        mine, theirs = by_key.get(row, {}), by_key.get(ref, {})
+        if mine.get(metric) is None or theirs.get(metric) is None:
+            continue
+        loop = 0.0 if metric == "call_ns" else loop_ns
+        ratio = (mine[metric] + loop) / (theirs[metric] + loop)
+        checks.append(
+            {
+                "what": what,
+                "ns": mine[metric] + loop,
+                "x_floor": ratio,
+                "target": limit,
+                "met": ratio <= limit,
+                "floor": f"row {ref.replace('fastbreaker_', '') if '_' in ref else ref}",
+                "floor_ns": theirs[metric] + loop,
+            }
         )
     for key, targets in SECTION_TARGETS.items():
         rows = {s.key: s.results for s in (sections or {}).get(key, ())}
@@ -113,7 +150,8 @@ def target_lines(result: Mapping[str, Any]) -> list[str]:
     for t in targets["checks"]:
         floor = targets["floor"]
         if "floor" in t:
-            floor = f"the floor {t['floor']} ({t['floor_ns']:.1f} ns)"
+            what = t["floor"] if t["floor"].startswith("row ") else f"the floor {t['floor']}"
+            floor = f"{what} ({t['floor_ns']:.1f} ns)"
         if t["target"] is None:
             out.append(f"  {t['what']}: {t['ns']:.1f} ns = {t['x_floor']:.2f}x {floor}")
             continue
