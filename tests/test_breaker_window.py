@@ -237,3 +237,17 @@ def test_window_memory_is_at_most_128_bytes_per_breaker():
     per_breaker = timed - plain
     print(f"\n[time window] {per_breaker:.1f} bytes per breaker (10 buckets)")
     assert 0 < per_breaker <= 128
+
+
+def test_a_dry_run_time_window_trips_on_a_failure_and_still_admits(fb, clock):
+    # The README's example: the 4th outcome is the first that can trip (min_calls=4), and only a
+    # failure can; after the trip the dry run admits what it would have rejected.
+    b = fb.CircuitBreaker(
+        window_seconds=60, min_calls=4, failure_rate=0.5, dry_run=True, clock=clock
+    )
+    for ok in (True, True, False, False):
+        assert b.allow()
+        b.record_success() if ok else b.record_failure()
+    assert b.state is fb.State.OPEN and b.allow()
+    m = b.metrics()
+    assert (m.opened, m.would_reject, m.rejected, m.permitted) == (1, 1, 0, 5)
