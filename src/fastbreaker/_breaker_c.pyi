@@ -9,15 +9,11 @@ from ._breaker_py import (
 )
 
 @final
-class Block:
-    """An open ``with`` block: internal, the compiled twin of ``_calls.Block``."""
+class WithStack:
+    """The open ``with`` blocks of one context: internal."""
 
-    def __init__(self, breaker: object, permit: int, start: int, rest: object) -> None: ...
     @property
-    def breaker(self) -> object: ...
-    @property
-    def permit(self) -> int: ...
-    @property
-    def start(self) -> int: ...
-    @property
-    def rest(self) -> object: ...
+    def open_blocks(self) -> int: ...
+
+def open_with_blocks(breaker: object) -> int:
+    """How many ``with`` blocks of ``breaker`` are open in every context (for tests)."""
