@@ -11,6 +11,9 @@ Groups:
 
 * ``breaker.allow``: ``allow()`` in CLOSED, compiled vs twin, next to the floor.
 * ``breaker.allow+record``: ``allow()`` then ``record_success()``, the raw permit API.
+* ``breaker.window (allow+record)``: ``allow()`` then ``record_success()`` in consecutive mode,
+  with a count window and with a time window.
+* ``breaker.dry_run (call)``: ``call(f)`` on a normal breaker and on a ``dry_run=True`` one.
 * ``breaker.call``: ``call(f)`` next to ``f()`` alone, the floor's ``call(f)`` and each peer on
   its success path (pybreaker, circuitbreaker, aiobreaker, purgatory through their documented API).
 * ``breaker.open``: rejection while OPEN: ``allow()`` returning False, ``call(f)`` raising
@@ -124,6 +127,32 @@ def test_allow_record_success_floor(benchmark: Any, floor: Any) -> None:
             record()
 
     benchmark(run)
+
+
+@pytest.mark.benchmark(group="breaker.window (allow+record)")
+@pytest.mark.parametrize("mode", ["consecutive", "window=100", "window_seconds=60"])
+def test_allow_record_success_window(benchmark: Any, fb: types.SimpleNamespace, mode: str) -> None:
+    # issue 18: the time window's allow()+record_success() <= 1.5x the count window's
+    options = {"window=100": {"window": 100}, "window_seconds=60": {"window_seconds": 60}}
+    cb = fb.CircuitBreaker(reset_timeout=OPEN_SECONDS, **options.get(mode, {}))
+    allow, record = cb.allow, cb.record_success
+
+    def run() -> None:
+        if allow():
+            record()
+
+    benchmark(run)
+    m = cb.metrics()
+    assert m.successes > 0 and (m.recorded > 0) == (mode != "consecutive")
+
+
+@pytest.mark.benchmark(group="breaker.dry_run (call)")
+@pytest.mark.parametrize("dry_run", [False, True], ids=["normal", "dry_run"])
+def test_call_dry_run(benchmark: Any, fb: types.SimpleNamespace, dry_run: bool) -> None:
+    # issue 18: a dry run costs no more than a normal breaker
+    cb = fb.CircuitBreaker(reset_timeout=OPEN_SECONDS, dry_run=dry_run)
+    assert benchmark(cb.call, f) == 1
+    assert cb.metrics().would_reject == 0
 
 
 # -- call(f) on the success path ----------------------------------------------------------------
