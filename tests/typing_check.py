@@ -73,3 +73,34 @@ try:
 except fb.CircuitOpenError as e:
     assert_type(e.retry_after, float)
     assert_type(e.state, fb.State)
+
+
+def default_page(exc: Exception, host: str) -> bytes:
+    return b""
+
+
+@fb.fallback(default_page)
+@breaker
+def page(host: str) -> bytes:
+    return b""
+
+
+@fb.fallback(lambda exc, host: 0, on=lambda exc: isinstance(exc, OSError))
+async def apage(host: str) -> int:
+    return 1
+
+
+@fb.stale_on_error(5, stale_ttl=datetime.timedelta(minutes=1), key=lambda host, **kw: host)
+def cached(host: str, *, port: int = 80) -> bytes:
+    return b""
+
+
+assert_type(page("a"), bytes)
+assert_type(cached("a", port=1), bytes)
+assert_type(page.metrics(), fb.FallbackMetrics)
+assert_type(cached.metrics().stale_served, int)
+assert_type(cached.metrics().fallback_active_seconds, float)
+
+
+async def use_degraded() -> None:
+    assert_type(await apage("x"), int)
