@@ -32,10 +32,12 @@ else:
 from . import testing
 from ._bulkhead import BulkheadMetrics
 from ._deadline import Deadline, current_deadline, deadline
+from ._fallback import FallbackMetrics, fallback, stale_on_error
 from ._map import BreakerMap, MapMetrics
 from ._metrics import Latency
 from ._priority import Priority, current_priority, priority
 from ._retry import retry, retrying
+from ._shed import LoadShedder, ShedderMetrics
 from ._version import __version__ as __version__
 
 
@@ -57,19 +59,24 @@ __all__ = [
     "CircuitOpenError",
     "Deadline",
     "DeadlineExceeded",
+    "FallbackMetrics",
     "Latency",
     "LoadShedError",
+    "LoadShedder",
     "MapMetrics",
     "Metrics",
     "Priority",
     "RetryBudget",
+    "ShedderMetrics",
     "State",
     "current_deadline",
     "current_priority",
     "deadline",
+    "fallback",
     "get_include",
     "priority",
     "retry",
     "retrying",
+    "stale_on_error",
     "testing",
 ]

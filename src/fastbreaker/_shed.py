@@ -1,0 +1,835 @@
+"""Load shedding: ``LoadShedder``, a bounded, priority-aware queue in front of a concurrency limit.
+
+Plain Python over either core's ``Bulkhead`` or ``AdaptiveLimiter`` (the *limit*). A request that
+finds a free slot runs at once; otherwise it waits in the shedder's queue, which is judged by how
+long requests wait (CoDel, RFC 8289), served FIFO while healthy and newest-first while congested
+(adaptive LIFO, Facebook's "Fail at Scale"), shed from the lowest priority up, and bounded by each
+request's deadline. Refusals raise ``LoadShedError`` with a ``reason`` and a ``retry_after`` hint.
+
+How the queue works (the same discipline as ``_bulkhead``'s waiting, which see):
+
+* **Admission.** ``with shedder:`` takes a slot with one ``_try_admit()`` of the limit (the
+  ``try_acquire`` that does not count a refusal in the limit's metrics) when nobody waits in the
+  shedder and no deadline is set: no lock, no clock read. Otherwise the slow path runs under the
+  shedder's lock: free slots go to the waiters first, then the newcomer is admitted (queue empty
+  and a slot free) or queued, or refused.
+* **Handoff.** A slot released through the shedder while someone waits is handed to the waiter
+  the order picks. Over a ``Bulkhead`` the slot itself moves (it is never freed, so nothing can
+  take it in between). Over an ``AdaptiveLimiter`` the slot is released *with its RTT sample*
+  (``AdaptiveLimiter._done``, what the limiter's own call paths use), then taken again with
+  ``_try_admit()`` for the waiter: the sample may have lowered the limit, and then nobody is
+  served. A waiter that gives up (cancelled, interrupted, or the slot came after its deadline)
+  while a slot is being handed to it passes the slot on to the next pick.
+* **Waiting.** A thread waits on its own lock with a timeout; a task awaits its own future with a
+  timeout handle on its own loop. No thread, timer or task is created. Each wait is bounded by
+  the earliest of: its ``queue_timeout`` (on the shedder's clock), its deadline (on the
+  deadline's clock) and ``codel_interval``. When the bound passes the waiter re-checks under the
+  lock: it first hands any free slot of the limit to the queue (see *shared limits*), then sheds
+  itself if its deadline passed (``deadline``) or it waited ``queue_timeout`` (``too_old``), and
+  otherwise waits again. With a fake clock the real wait is what the fake clock says is left, and
+  a waiter re-arms until the fake clock has moved past its bound.
+* **No leak, no lost wake-up.** Every change of the queue happens under the lock. The fast release
+  (nobody waits, CoDel idle) frees the slot and then re-reads the shedder's state; a request that
+  queued meanwhile re-tries the limit after queueing, so one of the two sees the free slot.
+
+CoDel (RFC 8289) on a queue served at slot-release time
+-------------------------------------------------------
+The RFC's *dequeue* is "the link is free, give me the next packet". Here the link is a slot:
+**dequeue time is when a slot is handed over**, which happens when a slot is released through the
+shedder (or a waiter's re-check finds a free slot) while someone waits. At that moment:
+
+* the *sojourn time* judged is that of the oldest live waiter (the head of the arrival order: in
+  FIFO this is exactly the request the RFC would dequeue; in LIFO the newest is served, but the
+  head's sojourn is still the standing queue's delay, which is what CoDel must see);
+* ``dodequeue``: sojourn ``< codel_target`` resets ``first_above_time``; else the first time sets
+  ``first_above_time = now + codel_interval`` and once ``now >= first_above_time`` it is
+  ``ok_to_drop``: every dequeue during a whole interval saw a sojourn above the target, i.e. the
+  *minimum* sojourn over the interval exceeded the target;
+* ``dequeue``: the RFC's state machine verbatim (``dropping``, ``count``, ``lastcount``,
+  ``drop_next``; entering drop state drops one request and sets ``drop_next = now +
+  interval/sqrt(count)``, with the Linux re-entry rule ``count = count - lastcount`` when the
+  last drop cycle ended less than ``16 * interval`` ago; while dropping, each dequeue at or after
+  ``drop_next`` drops one more request, ``count += 1``, ``drop_next += interval/sqrt(count)``;
+  a sojourn below the target or an empty queue leaves drop state);
+* a *drop* sheds a waiter with ``too_old``: the lowest-priority waiter whose sojourn is at least
+  ``codel_target``, the oldest of its priority (the RFC drops its head; priorities shed from the
+  bottom up). After the drops the slot goes to the request the order picks;
+* the RFC's "queue is empty" case (``r.p == NULL``) is a release that finds nobody waiting: it
+  resets ``first_above_time`` and leaves drop state. The RFC's second clause (a backlog of at most
+  one MTU never counts as standing) has no counterpart: requests are not bytes.
+
+``congested`` (in ``metrics()``, and what ``order="adaptive"`` and the SHEDDABLE rule follow) is
+the RFC's ``dropping`` state: CoDel saw the minimum sojourn stay above ``codel_target`` for a
+whole ``codel_interval`` and has not yet seen it fall below (or the queue empty) at a dequeue.
+While healthy a waiter waits up to ``queue_timeout``; while congested CoDel drops the old ones at
+the pace of its control law, and newcomers are served first (adaptive LIFO).
+
+Priorities and deadlines
+------------------------
+The priority is ``current_priority()`` at arrival; the deadline ``current_deadline()``. Serving
+picks the highest priority present (FIFO or LIFO within it). A full queue lets a more important
+arrival displace the least important, most recent waiter (``priority``); an arrival that is not
+more important than anyone waiting is refused (``queue_full``). While congested, ``SHEDDABLE``
+arrivals are refused instead of queued (``priority``). An arrival whose deadline has passed is
+refused (``deadline``) even if a slot is free; a waiter is never handed a slot after its deadline
+(the server drops it with ``deadline`` and serves the next pick), and its own bounded wait ends at
+the deadline.
+
+retry_after
+-----------
+``codel_interval`` while congested (CoDel leaves drop state no sooner than the next dequeue that
+sees a short queue, and re-judges over an interval). While healthy: the current sojourn of the
+oldest waiter (how long the queue takes to move now), clamped to ``[codel_target,
+max(codel_target, queue_timeout)]``. Always a float >= 0.
+
+Shared limits
+-------------
+The shedder may share its ``Bulkhead`` or ``AdaptiveLimiter`` with other code. Such code takes
+slots directly from the limit; the shedder does not see it. Precisely: (1) a direct
+``try_acquire()`` or ``with limit:`` may take a slot freed behind the shedder's back (by a
+release that did not go through the shedder, or an ``AdaptiveLimiter`` between its sample and the
+handoff), even while shedder requests wait; (2) the limit's own waiters (a ``Bulkhead`` with
+``max_wait > 0``) are served by the limit first: its ``release()`` hands the slot to them, and its
+admission refuses while they wait; (3) a slot freed outside the shedder is given to the shedder's
+queue at the next shedder event (an arrival that has to queue, a release through the shedder) or
+at the latest when a waiter's bounded wait ends, which is at most ``codel_interval`` later.
+Counts stay exact in every case: the shedder never releases a slot it did not take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import math
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Awaitable, NamedTuple, Optional, TypeVar, Union
+
+from . import _bulkhead as _b, _bulkhead_py, _calls
+from ._deadline import Deadline, current_var as _deadline_var
+from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
+from ._errors import LoadShedError
+from ._priority import current_var as _priority_var
+from ._select import COMPILED
+
+__all__ = ["LoadShedder", "ShedderMetrics"]
+
+T = TypeVar("T")
+
+Limit = Union[int, _bulkhead_py.Bulkhead, _bulkhead_py.AdaptiveLimiter]
+
+if COMPILED:
+    from . import _bulkhead_c
+
+    _BULKHEADS: tuple[type[Any], ...] = (_bulkhead_py.Bulkhead, _bulkhead_c.Bulkhead)
+    _LIMITERS: tuple[type[Any], ...] = (_bulkhead_py.AdaptiveLimiter, _bulkhead_c.AdaptiveLimiter)
+    _DEFAULT_BULKHEAD: type[Any] = _bulkhead_c.Bulkhead
+else:
+    _BULKHEADS = (_bulkhead_py.Bulkhead,)
+    _LIMITERS = (_bulkhead_py.AdaptiveLimiter,)
+    _DEFAULT_BULKHEAD = _bulkhead_py.Bulkhead
+
+ORDERS = ("fifo", "lifo", "adaptive")
+_FIFO, _LIFO, _ADAPTIVE = 0, 1, 2
+_LEVELS = 4  # Priority.SHEDDABLE .. Priority.CRITICAL_PLUS
+
+# waiter states (changed only under the shedder's lock)
+_WAITING, _GRANTED, _SHED, _GONE = 0, 1, 2, 3
+# how a wait ended, for _settle
+_WOKEN, _TIMEOUT, _CANCELLED = 0, 1, 2
+
+_dl_get = _deadline_var.get
+_prio_get = _priority_var.get
+
+
+class ShedderMetrics(NamedTuple):
+    """A snapshot of a ``LoadShedder``'s counters (cumulative since creation) and state.
+
+    Each request that is not cancelled ends counted once: ``admitted`` or one of the ``shed_*``
+    (a waiter is counted when the shedder decides, even if it is cancelled before it learns it).
+    """
+
+    admitted: int
+    """Requests that got a slot (at once or after waiting)."""
+    queued: int
+    """Requests that ever waited in the queue."""
+    shed_queue_full: int
+    """Refused: no slot and no room to wait."""
+    shed_too_old: int
+    """Dropped by CoDel while congested, or waited ``queue_timeout`` (or it is 0)."""
+    shed_priority: int
+    """Displaced by a more important request, or SHEDDABLE while congested."""
+    shed_deadline: int
+    """Their deadline passed before they could start."""
+    in_flight: int
+    """The limit's current number of held slots (including those of other users of it)."""
+    queue_len: int
+    """Requests waiting now."""
+    congested: bool
+    """CoDel's drop state (see the module docstring)."""
+
+
+class _Waiter:
+    """One queued request: its state, how to wake it, its priority, arrival time and deadline."""
+
+    __slots__ = ("state", "wake", "level", "enq", "dl", "reason", "hint")
+
+    def __init__(
+        self, wake: Callable[[], None], level: int, enq: int, dl: Optional[Deadline]
+    ) -> None:
+        self.state = _WAITING
+        self.wake = wake
+        self.level = level
+        self.enq = enq
+        self.dl = dl
+        self.reason = ""
+        self.hint = 0.0
+
+
+def _expired(dl: Optional[Deadline]) -> bool:
+    return dl is not None and dl.remaining_ns() <= 0
+
+
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _check_limit(limit: object) -> Any:
+    if isinstance(limit, _BULKHEADS) or isinstance(limit, _LIMITERS):
+        return limit
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        if not 1 <= limit <= _b.MAX_CONCURRENT:
+            raise ValueError(
+                f"limit must be an int in [1, {_b.MAX_CONCURRENT}], a Bulkhead or an "
+                f"AdaptiveLimiter, got {limit!r}"
+            )
+        return None  # built last, once every other option is valid
+    raise TypeError(
+        f"limit must be an int in [1, {_b.MAX_CONCURRENT}], a Bulkhead or an AdaptiveLimiter, "
+        f"got {limit!r}"
+    )
+
+
+class LoadShedder:
+    """Admit requests to a concurrency limit, queue a bounded number, and shed the rest early.
+
+    ``with shedder:``, ``async with shedder:``, ``shedder.call(fn, ...)``,
+    ``await shedder.call_async(fn, ...)`` and ``@shedder`` run the code holding a slot of the
+    limit, or raise ``LoadShedError`` (``reason``: ``"queue_full"``, ``"too_old"``,
+    ``"priority"``, ``"deadline"``; ``retry_after``: a hint in seconds). See the module
+    docstring of ``fastbreaker._shed`` for CoDel, the orders, priorities and deadlines.
+
+    Args:
+        limit: the concurrency limit: an int (a new ``Bulkhead`` of that many slots), a
+            ``Bulkhead`` or an ``AdaptiveLimiter`` (which then receives each call's RTT).
+        max_queue: the most requests that may wait (an int >= 0; 0: never wait).
+        queue_timeout: seconds a request may wait while healthy (>= 0; 0: never wait).
+        codel_target: CoDel's target sojourn time in seconds (> 0, < ``codel_interval``).
+        codel_interval: CoDel's interval in seconds (> 0).
+        order: ``"fifo"``, ``"lifo"`` or ``"adaptive"`` (FIFO while healthy, LIFO while
+            congested).
+        name: shown in errors (a str or None).
+        clock: a zero-argument callable returning int nanoseconds (such as
+            ``fastbreaker.testing.FakeClock``) for sojourn times and ``queue_timeout``; the
+            monotonic clock by default.
+    """
+
+    __slots__ = (
+        "_limit",
+        "_timed",
+        "_try",
+        "_acq",
+        "_rel",
+        "_lock",
+        "_levels",
+        "_level_live",
+        "_live",
+        "_idle",
+        "_first_above",
+        "_dropping",
+        "_drop_next",
+        "_count",
+        "_lastcount",
+        "_max_queue",
+        "_qt",
+        "_target",
+        "_interval",
+        "_order",
+        "_name",
+        "_clock",
+        "_admitted",
+        "_queued",
+        "_shed_full",
+        "_shed_old",
+        "_shed_prio",
+        "_shed_dl",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        limit: Limit,
+        *,
+        max_queue: int = 100,
+        queue_timeout: Seconds = 1.0,
+        codel_target: Seconds = 0.005,
+        codel_interval: Seconds = 0.1,
+        order: str = "adaptive",
+        name: Optional[str] = None,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        # Validate everything first: a refused option leaves nothing half-built.
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {name!r}")
+        check_clock(clock)
+        lim = _check_limit(limit)
+        mq = _b._count(max_queue, "max_queue", 0, _b.MAX_CONCURRENT)
+        qt = seconds_to_ns(queue_timeout, "queue_timeout")
+        target = seconds_to_ns(codel_target, "codel_target", positive=True)
+        interval = seconds_to_ns(codel_interval, "codel_interval", positive=True)
+        if target >= interval:
+            raise ValueError(
+                f"codel_target must be < codel_interval ({codel_interval!r}), got {codel_target!r}"
+            )
+        if not isinstance(order, str):
+            raise TypeError(f"order must be one of {ORDERS}, got {order!r}")
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if lim is None:
+            lim = _DEFAULT_BULKHEAD(limit, name=name, clock=clock)
+        self._limit: Any = lim
+        self._timed = isinstance(lim, _LIMITERS)
+        self._acq: Callable[[], bool] = lim._try_admit
+        self._rel: Callable[[], None] = lim.release
+        self._try: Callable[[], bool] = self._try_timed if self._timed else self._acq
+        self._lock = threading.Lock()
+        self._levels: tuple[collections.deque[_Waiter], ...] = tuple(
+            collections.deque() for _ in range(_LEVELS)
+        )
+        self._level_live = [0] * _LEVELS
+        self._live = 0
+        self._idle = not self._timed
+        self._first_above: Optional[int] = None
+        self._dropping = False
+        self._drop_next = 0
+        self._count = 0
+        self._lastcount = 0
+        self._max_queue = mq
+        self._qt = qt
+        self._target = target
+        self._interval = interval
+        self._order = ORDERS.index(order)
+        self._name = name
+        self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
+        self._admitted = self._queued = 0
+        self._shed_full = self._shed_old = self._shed_prio = self._shed_dl = 0
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def limit(self) -> Any:
+        """The ``Bulkhead`` or ``AdaptiveLimiter`` this shedder admits to."""
+        return self._limit
+
+    @property
+    def name(self) -> Optional[str]:
+        """The name given at construction (shown in errors), or None."""
+        return self._name
+
+    def metrics(self) -> ShedderMetrics:
+        """A snapshot of the counters and state (see ``ShedderMetrics``)."""
+        with self._lock:
+            return ShedderMetrics(
+                self._admitted,
+                self._queued,
+                self._shed_full,
+                self._shed_old,
+                self._shed_prio,
+                self._shed_dl,
+                self._limit.in_flight,
+                self._live,
+                self._dropping,
+            )
+
+    def __enter__(self) -> LoadShedder:
+        if self._live == 0 and _dl_get() is None and self._try():
+            self._admitted += 1
+            return self
+        self._acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._idle:
+            self._rel()
+            if not self._idle:
+                self._kick()  # someone queued meanwhile: the slot just freed is theirs
+            return
+        self._exit_slow(exc)
+
+    async def __aenter__(self) -> LoadShedder:
+        if self._live == 0 and _dl_get() is None and self._try():
+            self._admitted += 1
+            return self
+        await self._acquire_async()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` holding a slot, or raise ``LoadShedError``.
+
+        Args:
+            fn: the function to call.
+            *args: its positional arguments.
+            **kwargs: its keyword arguments.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        with self:
+            return fn(*args, **kwargs)
+
+    async def call_async(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Await ``fn(*args, **kwargs)`` holding a slot, or raise ``LoadShedError``.
+
+        Args:
+            fn: the coroutine function to call.
+            *args: its positional arguments.
+            **kwargs: its keyword arguments.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        async with self:
+            return await fn(*args, **kwargs)
+
+    def __call__(self, fn: Any) -> Any:
+        """``@shedder``: guard a sync or async function (its signature and metadata are kept).
+
+        Args:
+            fn: the function to guard (not a generator: use ``with shedder:`` inside it).
+        """
+        if not callable(fn):
+            raise TypeError(f"@shedder needs a callable, got {fn!r}")
+        how = _calls.kind(fn)
+        if how in ("gen", "asyncgen"):
+            raise TypeError(
+                f"@shedder cannot hold a slot across a generator's iteration ({fn!r}): "
+                f"use `with shedder:` inside it"
+            )
+        if how == "async":
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with self:
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadShedder(limit={self._limit!r}, max_queue={self._max_queue}, "
+            f"order={ORDERS[self._order]!r}, name={self._name!r}, queue_len={self._live}, "
+            f"congested={self._dropping})"
+        )
+
+    def __copy__(self) -> object:
+        raise TypeError("LoadShedder objects cannot be copied or pickled: create a new one")
+
+    def __deepcopy__(self, memo: object) -> object:
+        raise TypeError("LoadShedder objects cannot be copied or pickled: create a new one")
+
+    def __reduce_ex__(self, protocol: object) -> str | tuple[Any, ...]:
+        raise TypeError("LoadShedder objects cannot be copied or pickled: create a new one")
+
+    # -- admission and release helpers ---------------------------------------------------------
+
+    def _now(self) -> int:
+        return read_clock(self._clock)
+
+    def _try_timed(self) -> bool:
+        """The fast admission over an AdaptiveLimiter: a slot, then the RTT's start."""
+        if self._acq():
+            self._start()
+            return True
+        return False
+
+    def _start(self) -> None:
+        """Remember when this call started, on the limiter's clock (AdaptiveLimiter only)."""
+        try:
+            start = self._limit._start_or_release()  # releases the slot if the clock fails
+        except BaseException:
+            self._kick()
+            raise
+        _b.push_start(self, start)
+
+    def _exit_slow(self, exc: Optional[BaseException]) -> None:
+        if self._timed:
+            start = _b.pop_start(self)
+            if start is None:
+                self._rel()  # exited in another context: no sample
+            else:
+                self._limit._done(start, exc)  # the limiter's own sample-and-release
+            if self._live or self._first_above is not None or self._dropping:
+                self._kick()  # read after the release: a waiter that queued meanwhile is seen
+            return
+        with self._lock:
+            self._drain(True)
+            self._update_idle()
+
+    def _kick(self) -> None:
+        """A slot was freed outside the lock: under it, hand free slots to the queue, or note the
+        empty queue for CoDel."""
+        with self._lock:
+            if self._live:
+                self._drain(False)
+            else:
+                self._queue_empty()
+            self._update_idle()
+
+    def _update_idle(self) -> None:
+        self._idle = (
+            not self._timed and self._live == 0 and self._first_above is None and not self._dropping
+        )
+
+    def _queue_empty(self) -> None:
+        # RFC 8289's dequeue of an empty queue: not above target, and out of drop state.
+        self._first_above = None
+        self._dropping = False
+
+    # -- the queue (every method below runs under self._lock) ----------------------------------
+
+    def _drain(self, have: bool) -> None:
+        """Hand free slots to waiters, CoDel deciding at each handover. ``have``: the caller
+        holds a slot to hand over (it is released if nobody takes it)."""
+        now = -1
+        while True:
+            if not have:
+                if self._live == 0 or not self._acq():
+                    return
+                have = True
+            if now < 0:
+                now = self._now()
+            w = self._dequeue(now)
+            if w is None:
+                self._rel()
+                return
+            if _expired(w.dl):
+                self._verdict(w, "deadline", now, removed=True)
+                continue
+            self._level_live[w.level] -= 1
+            self._live -= 1
+            w.state = _GRANTED
+            try:
+                w.wake()
+            except BaseException:
+                w.state = _GONE  # its event loop is closed: nobody can take this slot
+                continue
+            have = False
+
+    def _oldest(self) -> Optional[_Waiter]:
+        best: Optional[_Waiter] = None
+        for d in self._levels:
+            while d and d[0].state != _WAITING:
+                d.popleft()
+            if d and (best is None or d[0].enq < best.enq):
+                best = d[0]
+        return best
+
+    def _judge(self, now: int) -> bool:
+        """RFC 8289 ``dodequeue``'s judgement of the head: True when ``ok_to_drop``."""
+        head = self._oldest()
+        if head is None or now - head.enq < self._target:
+            self._first_above = None
+            return False
+        if self._first_above is None:
+            self._first_above = now + self._interval
+            return False
+        return now >= self._first_above
+
+    def _control_law(self, t: int) -> int:
+        return t + int(self._interval / math.sqrt(self._count))
+
+    def _dequeue(self, now: int) -> Optional[_Waiter]:
+        """RFC 8289 ``dequeue`` at a handover: drops per the control law, then the pick."""
+        ok = self._judge(now)
+        if self._live == 0:
+            self._dropping = False
+            return None
+        if self._dropping:
+            if not ok:
+                self._dropping = False
+            while self._dropping and now >= self._drop_next:
+                self._drop(now)
+                self._count += 1
+                ok = self._judge(now)
+                if not ok:
+                    self._dropping = False
+                else:
+                    self._drop_next = self._control_law(self._drop_next)
+        elif ok:
+            self._drop(now)
+            self._judge(now)
+            self._dropping = True
+            delta = self._count - self._lastcount
+            self._count = 1
+            if delta > 1 and now - self._drop_next < 16 * self._interval:
+                self._count = delta
+            self._drop_next = self._control_law(now)
+            self._lastcount = self._count
+        if self._live == 0:
+            return None
+        return self._pick()
+
+    def _drop(self, now: int) -> None:
+        """CoDel's drop: the lowest-priority waiter at or above the target, oldest first."""
+        limit = now - self._target
+        for d in self._levels:
+            while d and d[0].state != _WAITING:
+                d.popleft()
+            if d and d[0].enq <= limit:
+                self._verdict(d.popleft(), "too_old", now, removed=True)
+                return
+        head = self._oldest()  # unreachable: ok_to_drop means the head is above the target
+        if head is not None:
+            self._verdict(head, "too_old", now)
+
+    def _pick(self) -> _Waiter:
+        """The next waiter to serve, taken off its deque (still counted live): the highest
+        priority present, FIFO or LIFO within it."""
+        lifo = self._order == _LIFO or (self._order == _ADAPTIVE and self._dropping)
+        for lv in range(_LEVELS - 1, -1, -1):
+            if self._level_live[lv]:
+                d = self._levels[lv]
+                while True:
+                    w = d.pop() if lifo else d.popleft()
+                    if w.state == _WAITING:
+                        return w
+        raise AssertionError("a live waiter was counted but not queued")
+
+    def _verdict(self, w: _Waiter, reason: str, now: int, removed: bool = False) -> None:
+        """Shed the waiting ``w`` with ``reason`` and wake it to learn it (``removed``: it was
+        taken off its deque already)."""
+        self._level_live[w.level] -= 1
+        self._live -= 1
+        w.state = _SHED
+        w.reason = reason
+        w.hint = self._hint(now)
+        self._count_shed(reason)
+        if not removed:
+            self._tidy(w.level)
+        try:
+            w.wake()
+        except BaseException:
+            w.state = _GONE  # its event loop is closed: nobody to tell
+
+    def _count_shed(self, reason: str) -> None:
+        if reason == "queue_full":
+            self._shed_full += 1
+        elif reason == "too_old":
+            self._shed_old += 1
+        elif reason == "priority":
+            self._shed_prio += 1
+        else:
+            self._shed_dl += 1
+
+    def _tidy(self, level: int) -> None:
+        """Drop dead entries at the ends of a level's deque; compact it when they dominate."""
+        d = self._levels[level]
+        while d and d[-1].state != _WAITING:
+            d.pop()
+        while d and d[0].state != _WAITING:
+            d.popleft()
+        if len(d) > 2 * self._level_live[level] + 16:
+            keep = [x for x in d if x.state == _WAITING]
+            d.clear()
+            d.extend(keep)
+
+    def _leave(self, w: _Waiter) -> None:
+        self._level_live[w.level] -= 1
+        self._live -= 1
+        w.state = _GONE
+        self._tidy(w.level)
+
+    def _hint(self, now: int) -> float:
+        if self._dropping:
+            return self._interval / 1e9
+        head = self._oldest()
+        age = 0 if head is None else max(0, now - head.enq)
+        hi = max(self._target, self._qt)
+        return min(max(age, self._target), hi) / 1e9
+
+    def _refuse(self, reason: str, now: int) -> LoadShedError:
+        self._count_shed(reason)
+        return LoadShedError(self._name, reason, self._hint(now))
+
+    # -- the waiting protocol (shared by threads and tasks, and driven step by step in tests) --
+
+    def _arrive(
+        self, level: int, dl: Optional[Deadline], wake: Callable[[], None]
+    ) -> Optional[_Waiter]:
+        """The slow path of an arrival: admitted (None), queued (the waiter, woken by ``wake``),
+        or refused (``LoadShedError``)."""
+        if _expired(dl):
+            now = self._now()
+            with self._lock:
+                raise self._refuse("deadline", now)
+        now = self._now()
+        with self._lock:
+            self._drain(False)  # free slots go to those already waiting
+            if self._live == 0 and self._acq():
+                self._admitted += 1
+                return None
+            if self._max_queue == 0:
+                raise self._refuse("queue_full", now)
+            if self._qt == 0:
+                raise self._refuse("too_old", now)
+            if self._dropping and level == 0:
+                raise self._refuse("priority", now)
+            if self._live >= self._max_queue and not self._displace(level, now):
+                raise self._refuse("queue_full", now)
+            w = _Waiter(wake, level, now, dl)
+            self._levels[level].append(w)
+            self._level_live[level] += 1
+            self._live += 1
+            self._queued += 1
+            self._idle = False
+            self._drain(False)  # a slot freed by a fast release that missed this waiter
+            if w.state == _GRANTED:
+                w.state = _GONE
+                self._admitted += 1
+                self._update_idle()
+                return None
+            self._update_idle()
+            if w.state == _SHED:  # cannot happen (it is the newest, with a deadline left)
+                w.state = _GONE
+                raise LoadShedError(self._name, w.reason, w.hint)
+            return w
+
+    def _displace(self, level: int, now: int) -> bool:
+        """Shed the least important, most recent waiter below ``level``; False if none."""
+        for lv in range(level):
+            if self._level_live[lv]:
+                d = self._levels[lv]
+                while True:
+                    v = d.pop()
+                    if v.state == _WAITING:
+                        self._verdict(v, "priority", now, removed=True)
+                        return True
+        return False
+
+    def _wait_s(self, w: _Waiter) -> float:
+        """Seconds the waiter may wait before it must re-check (see the module docstring)."""
+        left = min(w.enq + self._qt - self._now(), self._interval)
+        dl = w.dl
+        if dl is not None:
+            left = min(left, dl.remaining_ns())
+        return max(0, left) / 1e9
+
+    def _settle(self, w: _Waiter, how: int) -> bool:
+        """End (or continue) ``w``'s wait: True if it holds a slot now, False to wait again (or,
+        for ``_CANCELLED``, to re-raise); ``LoadShedError`` if it was shed."""
+        with self._lock:
+            if w.state == _WAITING:
+                if how == _CANCELLED:
+                    self._leave(w)
+                    self._update_idle()
+                    return False
+                self._drain(False)  # a slot freed outside the shedder (see the docstring)
+            if w.state == _GRANTED:
+                w.state = _GONE
+                if how != _CANCELLED and not _expired(w.dl):
+                    self._admitted += 1
+                    return True
+                self._drain(True)  # given up, or the slot came too late: pass it on
+                self._update_idle()
+                if how == _CANCELLED:
+                    return False
+                raise self._refuse("deadline", self._now())
+            if w.state == _SHED:
+                w.state = _GONE
+                self._update_idle()
+                if how == _CANCELLED:
+                    return False
+                raise LoadShedError(self._name, w.reason, w.hint)
+            if w.state == _GONE:
+                return False
+            now = self._now()
+            if _expired(w.dl):
+                self._leave(w)
+                self._update_idle()
+                raise self._refuse("deadline", now)
+            if now - w.enq >= self._qt:
+                self._leave(w)
+                self._update_idle()
+                raise self._refuse("too_old", now)
+            return False
+
+    def _acquire(self) -> None:
+        """The slow path of ``with``: wait on a lock of this thread's own."""
+        lock = threading.Lock()
+        lock.acquire()
+        w = self._arrive(int(_prio_get()), _dl_get(), lock.release)
+        if w is not None:
+            while True:
+                try:
+                    woke = lock.acquire(timeout=self._wait_s(w))
+                except BaseException:
+                    self._settle(w, _CANCELLED)
+                    raise
+                if self._settle(w, _WOKEN if woke else _TIMEOUT):
+                    break
+        if self._timed:
+            self._start()
+
+    async def _acquire_async(self) -> None:
+        """The slow path of ``async with``: await a future of this task's own loop."""
+        loop = asyncio.get_running_loop()
+        cell = [loop.create_future()]
+        tid = threading.get_ident()
+
+        def wake() -> None:
+            if threading.get_ident() == tid:
+                _resolve(cell[0], True)
+            else:
+                loop.call_soon_threadsafe(_resolve, cell[0], True)
+
+        w = self._arrive(int(_prio_get()), _dl_get(), wake)
+        if w is not None:
+            while True:
+                fut = cell[0]
+                handle = loop.call_later(self._wait_s(w), _resolve, fut, False)
+                try:
+                    woke = await fut
+                except BaseException:
+                    self._settle(w, _CANCELLED)
+                    raise
+                finally:
+                    handle.cancel()
+                if not woke:
+                    # before settling: a wake after settle decides to wait again finds this one
+                    cell[0] = loop.create_future()
+                if self._settle(w, _WOKEN if woke else _TIMEOUT):
+                    break
+        if self._timed:
+            self._start()
