@@ -65,6 +65,7 @@ from .._durations import Seconds, seconds_to_ns
 from .._errors import CircuitOpenError, DeadlineExceeded, State
 from .._options import OUT_FAILURE, OUT_NEUTRAL
 from .._permit import is_breaker, permits, start_ns, timed_outcome
+from .._priority import current_var as priority_var
 
 __all__ = [
     "AsyncBreakerTransport",
@@ -349,7 +350,7 @@ class _Report:
 class _Core:
     """What the sync and async transports share: keys, admission, classification, deadlines."""
 
-    __slots__ = ("breakers", "lookup", "key", "is_failure", "retry")
+    __slots__ = ("breakers", "lookup", "key", "is_failure", "retry", "headers")
 
     def __init__(
         self,
@@ -357,6 +358,8 @@ class _Core:
         key: Optional[Callable[[httpx.Request], Hashable]],
         is_failure: Optional[Callable[[Outcome], bool]],
         retry: Optional[Retry],
+        priority_header: Optional[str] = "x-priority",
+        deadline_header: Optional[str] = "x-request-timeout",
     ) -> None:
         if breakers is None:
             breakers = fastbreaker.BreakerMap(max_keys=10_000)
@@ -379,6 +382,13 @@ class _Core:
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"retry must be a fastbreaker.contrib.httpx.Retry, got {retry!r}")
         self.retry = retry
+        for name, value in (
+            ("priority_header", priority_header),
+            ("deadline_header", deadline_header),
+        ):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise TypeError(f"{name} must be a header name (str) or None, got {value!r}")
+        self.headers = (priority_header, deadline_header)
 
     def admit(self, request: httpx.Request) -> _Report:
         key = self.key(request)
@@ -406,12 +416,20 @@ class _Core:
         last: Optional[BaseException],
         timeouts: Any,
     ) -> None:
-        """Before an attempt: refuse it past the deadline, else cut httpx's timeouts to it."""
+        """Before an attempt: refuse it past the deadline, else cut httpx's timeouts to it; send
+        the current priority and the time left downstream (unless the request sets them)."""
+        priority_header, deadline_header = self.headers
+        if priority_header is not None and priority_header not in request.headers:
+            prio = priority_var.get(None)  # only one set explicitly: CRITICAL is the default
+            if prio is not None:
+                request.headers[priority_header] = prio.name
         if dl is None:
             return
         if dl.expired():
             raise _retry.expired(attempt, last)
         left = dl.remaining()
+        if deadline_header is not None and (attempt > 1 or deadline_header not in request.headers):
+            request.headers[deadline_header] = f"{max(left, 0.0):.3f}"
         given = timeouts if isinstance(timeouts, dict) else {}
         cut = {}
         for name in ("connect", "read", "write", "pool"):
@@ -531,7 +549,11 @@ class BreakerTransport(httpx.BaseTransport):
 
     A current ``fastbreaker.deadline()`` (or ``Retry(deadline=...)``) bounds every request:
     httpx's timeouts are cut to the time left, and a request whose deadline has passed raises
-    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). Safe to
+    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). The time left
+    goes downstream in ``deadline_header`` (seconds, ``x-request-timeout``) and a priority set
+    with ``fastbreaker.priority()`` in ``priority_header`` (its name, ``x-priority``), the
+    headers ``fastbreaker.contrib.asgi.LoadSheddingMiddleware`` reads; None sends neither, and a
+    header the request sets itself is kept. Safe to
     share between threads: all per-request state is local to the request.
     """
 
@@ -544,12 +566,14 @@ class BreakerTransport(httpx.BaseTransport):
         is_failure: Optional[Callable[[Outcome], bool]] = None,
         retry: Optional[Retry] = None,
         bulkhead: Optional[Bulkheads] = None,
+        priority_header: Optional[str] = "x-priority",
+        deadline_header: Optional[str] = "x-request-timeout",
     ) -> None:
         if transport is None:
             transport = httpx.HTTPTransport()
         elif not callable(getattr(transport, "handle_request", None)):
             raise TypeError(f"transport must be an httpx.BaseTransport, got {transport!r}")
-        self._core = _Core(breakers, key, is_failure, retry)
+        self._core = _Core(breakers, key, is_failure, retry, priority_header, deadline_header)
         self._bulkhead = _bulkhead_lookup(bulkhead)
         self._transport = transport
 
@@ -630,7 +654,11 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
 
     A current ``fastbreaker.deadline()`` (or ``Retry(deadline=...)``) bounds every request:
     httpx's timeouts are cut to the time left, and a request whose deadline has passed raises
-    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). Safe to
+    ``fastbreaker.DeadlineExceeded`` without being sent (neutral for the breaker). The time left
+    goes downstream in ``deadline_header`` (seconds, ``x-request-timeout``) and a priority set
+    with ``fastbreaker.priority()`` in ``priority_header`` (its name, ``x-priority``), the
+    headers ``fastbreaker.contrib.asgi.LoadSheddingMiddleware`` reads; None sends neither, and a
+    header the request sets itself is kept. Safe to
     share between tasks: all per-request state is local to the request.
     """
 
@@ -643,12 +671,14 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
         is_failure: Optional[Callable[[Outcome], bool]] = None,
         retry: Optional[Retry] = None,
         bulkhead: Optional[Bulkheads] = None,
+        priority_header: Optional[str] = "x-priority",
+        deadline_header: Optional[str] = "x-request-timeout",
     ) -> None:
         if transport is None:
             transport = httpx.AsyncHTTPTransport()
         elif not callable(getattr(transport, "handle_async_request", None)):
             raise TypeError(f"transport must be an httpx.AsyncBaseTransport, got {transport!r}")
-        self._core = _Core(breakers, key, is_failure, retry)
+        self._core = _Core(breakers, key, is_failure, retry, priority_header, deadline_header)
         self._bulkhead = _bulkhead_lookup(bulkhead)
         self._transport = transport
 

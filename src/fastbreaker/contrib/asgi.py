@@ -1,0 +1,185 @@
+"""Load shedding for an ASGI application: refuse what the service cannot finish, and say so.
+
+    from fastbreaker.contrib.asgi import LoadSheddingMiddleware
+
+    shedder = fastbreaker.LoadShedder(64, max_queue=256)
+    app = LoadSheddingMiddleware(app, shedder)
+
+Every HTTP request outside ``exempt`` goes through ``async with shedder:``. A request the shedder
+refuses gets ``503 Service Unavailable`` with ``Retry-After`` (the shedder's hint, in whole
+seconds, rounded up) and never reaches the application. The request runs under the caller's
+priority and deadline, read from two headers:
+
+* ``x-priority``: a ``fastbreaker.Priority`` name (``SHEDDABLE``, ``critical-plus``, any case)
+  or its integer value (0..3);
+* ``x-request-timeout``: the seconds the caller has left, as a decimal number (``0.250``).
+
+So the shedder drops the least important requests first and never starts one whose caller has
+already given up, and the code under the request sees ``fastbreaker.current_priority()`` and
+``fastbreaker.current_deadline()``. ``fastbreaker.contrib.httpx``'s transports send both headers
+downstream, so priority and deadline travel along the call chain. A header that does not parse is
+ignored (logged at DEBUG on the ``fastbreaker`` logger): a client cannot make a request fail by
+sending a bad hint, only lose the hint.
+
+Health and readiness paths (``exempt``, by default ``/health`` and ``/ready``, each matching the
+path itself and anything below it) bypass the shedder: a health check that sheds turns a partial
+outage into a full one, as the orchestrator then restarts a service that is merely busy.
+
+The middleware is plain ASGI 3 (no framework needed); lifespan and websocket scopes pass through.
+Starlette, uvicorn and anyio are in the ``asgi`` extra, for serving and testing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Collection, Iterable, MutableMapping
+from typing import Any, Optional
+
+from .._calls import logger
+from .._deadline import deadline
+from .._errors import LoadShedError
+from .._priority import Priority, priority
+
+__all__ = ["LoadSheddingMiddleware", "parse_deadline", "parse_priority"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: The deadline a header may carry at most (seconds): a larger one is not a hint, it is a typo.
+MAX_DEADLINE_SECONDS = 86_400.0
+
+
+def parse_priority(value: str) -> Priority:
+    """The ``Priority`` an ``x-priority`` header names (``ValueError`` if it names none)."""
+    return Priority.parse(value)
+
+
+def parse_deadline(value: str) -> float:
+    """The seconds an ``x-request-timeout`` header holds: a finite decimal number >= 0 and at
+    most ``MAX_DEADLINE_SECONDS`` (``ValueError`` otherwise)."""
+    seconds = float(value.strip())
+    if not (0.0 <= seconds <= MAX_DEADLINE_SECONDS):
+        raise ValueError(
+            f"x-request-timeout must be in [0, {MAX_DEADLINE_SECONDS:g}], got {value!r}"
+        )
+    return seconds
+
+
+def _header_name(value: object, param: str) -> bytes:
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise TypeError(f"{param} must be a non-empty header name (str), got {value!r}")
+    return value.lower().encode("latin-1")
+
+
+def _exempt_paths(exempt: object) -> tuple[str, ...]:
+    if isinstance(exempt, str) or not isinstance(exempt, Iterable):
+        raise TypeError(f"exempt must be a collection of paths, got {exempt!r}")
+    paths = tuple(exempt)
+    for p in paths:
+        if not isinstance(p, str) or not p.startswith("/"):
+            raise ValueError(f"exempt paths must be str starting with '/', got {p!r}")
+    return tuple(p.rstrip("/") or "/" for p in paths)
+
+
+class LoadSheddingMiddleware:
+    """ASGI middleware that admits each HTTP request through ``shedder`` (see the module).
+
+    Args:
+        app: the ASGI 3 application to protect.
+        shedder: a ``fastbreaker.LoadShedder`` (anything with ``async with`` that raises
+            ``fastbreaker.LoadShedError`` works).
+        priority_header: the request header holding the caller's priority.
+        deadline_header: the request header holding the caller's remaining seconds.
+        exempt: paths that bypass the shedder (each with everything below it).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        shedder: Any,
+        *,
+        priority_header: str = "x-priority",
+        deadline_header: str = "x-request-timeout",
+        exempt: Collection[str] = ("/health", "/ready"),
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI application (callable), got {app!r}")
+        if not (hasattr(shedder, "__aenter__") and hasattr(shedder, "__aexit__")):
+            raise TypeError(f"shedder must support `async with` (a LoadShedder), got {shedder!r}")
+        self.app = app
+        self.shedder = shedder
+        self._priority_header = _header_name(priority_header, "priority_header")
+        self._deadline_header = _header_name(deadline_header, "deadline_header")
+        self.exempt = _exempt_paths(exempt)
+
+    def _is_exempt(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") or p == "/" for p in self.exempt)
+
+    def _hints(self, scope: Scope) -> tuple[Optional[Priority], Optional[float]]:
+        prio: Optional[Priority] = None
+        seconds: Optional[float] = None
+        for name, value in scope.get("headers") or ():
+            name = bytes(name).lower()
+            if name == self._priority_header:
+                text = bytes(value).decode("latin-1")
+                try:
+                    prio = parse_priority(text)
+                except (TypeError, ValueError) as exc:
+                    logger.debug("ignoring a bad %s header %r: %s", name.decode(), text, exc)
+            elif name == self._deadline_header:
+                text = bytes(value).decode("latin-1")
+                try:
+                    seconds = parse_deadline(text)
+                except ValueError as exc:
+                    logger.debug("ignoring a bad %s header %r: %s", name.decode(), text, exc)
+        return prio, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or self._is_exempt(scope.get("path") or "/"):
+            await self.app(scope, receive, send)
+            return
+        prio, seconds = self._hints(scope)
+        if prio is not None and seconds is not None:
+            with priority(prio), deadline(seconds):
+                await self._admit(scope, receive, send)
+        elif prio is not None:
+            with priority(prio):
+                await self._admit(scope, receive, send)
+        elif seconds is not None:
+            with deadline(seconds):
+                await self._admit(scope, receive, send)
+        else:
+            await self._admit(scope, receive, send)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entered = False
+        try:
+            async with self.shedder:
+                entered = True
+                await self.app(scope, receive, send)
+        except LoadShedError as exc:
+            if entered:
+                raise  # raised by the application (a shedder further in): not this refusal
+            await _refuse(send, exc)
+
+
+async def _refuse(send: Send, exc: LoadShedError) -> None:
+    retry_after = exc.retry_after
+    seconds = max(1, math.ceil(retry_after)) if math.isfinite(retry_after) else 1
+    body = f"503 Service Unavailable: load shed ({exc.reason})\n".encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(seconds).encode()),
+                (b"x-load-shed", exc.reason.encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
