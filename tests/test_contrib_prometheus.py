@@ -363,6 +363,64 @@ def test_budget_tokens(fb, clock, registry, scrape):
     assert scrape()("fastbreaker_retry_budget_tokens", name="http") == 7.5
 
 
+# -- load shedders and degraded functions --------------------------------------------------------
+def test_shedder_admissions_sheds_and_gauges(fb, clock, registry, scrape):
+    shedder = fb.LoadShedder(fb.Bulkhead(1), max_queue=0, name="api", clock=clock)
+    registry.register(BreakerCollector(shedders=[shedder]))
+    with shedder:
+        with pytest.raises(fb.LoadShedError) as info:
+            shedder.call(lambda: None)  # the only slot is taken and nothing may wait
+        assert info.value.reason == "queue_full"
+        s = scrape()
+        assert s("fastbreaker_shedder_in_flight", name="api") == 1.0
+    s = scrape()
+    assert s("fastbreaker_shedder_admitted_total", name="api") == 1.0
+    assert s("fastbreaker_shedder_shed_total", name="api", reason="queue_full") == 1.0
+    assert s("fastbreaker_shedder_shed_total", name="api", reason="deadline") == 0.0
+    assert s("fastbreaker_shedder_queued_total", name="api") == 0.0
+    assert s("fastbreaker_shedder_in_flight", name="api") == 0.0
+    assert s("fastbreaker_shedder_queue_len", name="api") == 0.0
+    assert s("fastbreaker_shedder_congested", name="api") == 0.0
+    with pytest.raises(ValueError, match="no name"):
+        BreakerCollector().add_shedder(fb.LoadShedder(1))
+    with pytest.raises(TypeError, match="shedder must"):
+        BreakerCollector().add_shedder(fb.Bulkhead(1))
+
+
+def test_fallback_answers_and_the_time_on_the_fallback(fb, clock, registry, scrape):
+    breaker = fb.CircuitBreaker(name="prices")
+    breaker.trip()
+
+    @fb.fallback(lambda exc: -1.0, clock=clock)
+    def price() -> float:
+        return breaker.call(lambda: 9.5)
+
+    @fb.stale_on_error(0, stale_ttl=60, clock=clock)
+    def quote(sku: str) -> float:
+        return breaker.call(lambda: 9.5)
+
+    registry.register(BreakerCollector(fallbacks={"price": price, "quote": quote}))
+    assert price() == -1.0
+    clock.advance(90)
+    assert price() == -1.0
+    s = scrape()
+    assert s("fastbreaker_fallback_calls_total", name="price") == 2.0
+    assert s("fastbreaker_fallback_fallbacks_total", name="price") == 2.0
+    assert s("fastbreaker_fallback_active_seconds", name="price") == 90.0
+    with pytest.raises(fb.CircuitOpenError):
+        quote("a")  # nothing good to serve yet
+    breaker.reset()
+    assert quote("a") == 9.5
+    breaker.trip()
+    assert quote("a") == 9.5  # stale, within stale_ttl
+    s = scrape()
+    assert s("fastbreaker_fallback_calls_total", name="quote") == 3.0
+    assert s("fastbreaker_fallback_stale_served_total", name="quote") == 1.0
+    assert s("fastbreaker_fallback_fallbacks_total", name="quote") == 0.0
+    with pytest.raises(TypeError, match="fn must be wrapped"):
+        BreakerCollector().add_fallback(lambda: None, "x")
+
+
 # -- the collector itself ------------------------------------------------------------------------
 def test_objects_added_later_and_removed(fb, clock, registry, scrape):
     collector = BreakerCollector()

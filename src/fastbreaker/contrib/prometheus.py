@@ -1,4 +1,5 @@
-"""Prometheus metrics for breakers, breaker maps and retry budgets, read at scrape time.
+"""Prometheus metrics for breakers, breaker maps, retry budgets, load shedders and degraded
+(fallback) functions, read at scrape time.
 
 ``BreakerCollector`` is a ``prometheus_client`` custom collector: it keeps references to the
 objects it was given and reads their ``metrics()`` snapshots only when Prometheus scrapes, so it
@@ -11,6 +12,8 @@ costs nothing on the call path (no callback, no counter of its own, nothing wrap
     collector.add_breaker(payments)                     # name="payments" (the breaker's name)
     collector.add_map(transport.breakers, "http")       # map="http"
     collector.add_budget(transport.retry.budget, "http")
+    collector.add_shedder(shedder)                      # name="api" (the shedder's name)
+    collector.add_fallback(get_price, "price")          # @fastbreaker.fallback / stale_on_error
     REGISTRY.register(collector)
 
 Series (``_total`` ones are counters, cumulative since each object was created):
@@ -36,6 +39,18 @@ Series (``_total`` ones are counters, cumulative since each object was created):
 ``fastbreaker_map_key_series_omitted{map}``    non-CLOSED keys beyond ``max_key_series``
 ``fastbreaker_retry_budget_tokens{name}``      tokens available now
 ``fastbreaker_retry_budget_capacity{name}``    the most tokens the bucket holds
+``fastbreaker_shedder_admitted_total{name}``   requests a ``LoadShedder`` admitted
+``fastbreaker_shedder_queued_total{name}``     requests that waited in its queue
+``fastbreaker_shedder_shed_total``             requests refused, ``{name,reason}``: reason in
+                                               queue_full, too_old, priority, deadline
+``fastbreaker_shedder_in_flight{name}``        the limit's slots in use now
+``fastbreaker_shedder_queue_len{name}``        requests waiting now
+``fastbreaker_shedder_congested{name}``        1 while CoDel judges the queue congested
+``fastbreaker_fallback_<c>_total{name}``       ``c`` in calls, fallbacks, stale_served: calls
+                                               of a degraded function and its degraded answers
+``fastbreaker_fallback_active_seconds{name}``  seconds since the current unbroken run of
+                                               degraded answers began (0 after a normal one):
+                                               alert on "living on the fallback for N minutes"
 =============================================  ===============================================
 
 Label cardinality stays bounded for maps of any size: a map exports a fixed number of aggregate
@@ -83,6 +98,7 @@ _Family = Union[GaugeMetricFamily, CounterMetricFamily]
 PREFIX = "fastbreaker"
 
 _STATES = tuple(State)
+_SHED_REASONS = ("queue_full", "too_old", "priority", "deadline")
 _STATE_LABEL = {s: s.name.lower() for s in State}
 
 # (Metrics field, metric name part, help text) of the cumulative call counters.
@@ -125,9 +141,12 @@ class BreakerCollector:
 
     ``breakers``: circuit breakers, as an iterable (each labelled with its ``name``, which must
     be set) or a mapping ``{name: breaker}``. ``maps``: ``{map_label: BreakerMap}``.
-    ``budgets``: ``{name: RetryBudget}``. ``max_key_series``: the most per-key series each map
+    ``budgets``: ``{name: RetryBudget}``. ``shedders``: load shedders, each labelled with its
+    ``name``. ``fallbacks``: ``{name: fn}``, functions wrapped by ``fastbreaker.fallback`` or
+    ``stale_on_error``. ``max_key_series``: the most per-key series each map
     exports (0 for aggregates only). More can be added later with ``add_breaker``, ``add_map``
-    and ``add_budget``. Register it with ``registry.register(collector)``.
+    ``add_budget``, ``add_shedder`` and ``add_fallback``. Register it with
+    ``registry.register(collector)``.
     """
 
     def __init__(
@@ -136,6 +155,8 @@ class BreakerCollector:
         breakers: Optional[Iterable[Any] | Mapping[str, Any]] = None,
         maps: Optional[Mapping[str, Any]] = None,
         budgets: Optional[Mapping[str, Any]] = None,
+        shedders: Optional[Iterable[Any]] = None,
+        fallbacks: Optional[Mapping[str, Any]] = None,
         max_key_series: int = 100,
     ) -> None:
         if isinstance(max_key_series, bool) or not isinstance(max_key_series, int):
@@ -147,6 +168,8 @@ class BreakerCollector:
         self._breakers: dict[str, Any] = {}
         self._maps: dict[str, Any] = {}
         self._budgets: dict[str, Any] = {}
+        self._shedders: dict[str, Any] = {}
+        self._fallbacks: dict[str, Any] = {}
         if isinstance(breakers, Mapping):
             for name, breaker in breakers.items():
                 self.add_breaker(breaker, name)
@@ -157,6 +180,10 @@ class BreakerCollector:
             self.add_map(m, name)
         for name, budget in (budgets or {}).items():
             self.add_budget(budget, name)
+        for shedder in shedders or ():
+            self.add_shedder(shedder)
+        for name, fn in (fallbacks or {}).items():
+            self.add_fallback(fn, name)
 
     # -- what is exported --------------------------------------------------------------------
     def add_breaker(self, breaker: T, name: Optional[str] = None) -> T:
@@ -187,10 +214,39 @@ class BreakerCollector:
         self._add(self._budgets, name, budget)
         return budget
 
+    def add_shedder(self, shedder: T, name: Optional[str] = None) -> T:
+        """Export a ``LoadShedder`` with label ``name`` (default: its own name); returns it."""
+        m = getattr(shedder, "metrics", None)
+        if not (callable(m) and hasattr(shedder, "limit")):
+            raise TypeError(f"shedder must be a fastbreaker.LoadShedder, got {shedder!r}")
+        if name is None:
+            name = getattr(shedder, "name", None)
+            if name is None:
+                raise ValueError("this shedder has no name: pass name=... to add_shedder()")
+        self._add(self._shedders, name, shedder)
+        return shedder
+
+    def add_fallback(self, fn: T, name: str) -> T:
+        """Export a function wrapped by ``fastbreaker.fallback`` or ``stale_on_error`` with label
+        ``name``; returns it."""
+        m = getattr(fn, "metrics", None)
+        if not callable(m) or not hasattr(m(), "fallback_active_seconds"):
+            raise TypeError(
+                f"fn must be wrapped by fastbreaker.fallback or stale_on_error, got {fn!r}"
+            )
+        self._add(self._fallbacks, name, fn)
+        return fn
+
     def remove(self, obj: object) -> None:
-        """Stop exporting ``obj`` (a breaker, map or budget added before) and drop the reference."""
+        """Stop exporting ``obj`` (an object added before) and drop the reference."""
         with self._lock:
-            for held in (self._breakers, self._maps, self._budgets):
+            for held in (
+                self._breakers,
+                self._maps,
+                self._budgets,
+                self._shedders,
+                self._fallbacks,
+            ):
                 for name, value in list(held.items()):
                     if value is obj:
                         del held[name]
@@ -218,6 +274,8 @@ class BreakerCollector:
             breakers = list(self._breakers.items())
             maps = list(self._maps.items())
             budgets = list(self._budgets.items())
+            shedders = list(self._shedders.items())
+            fallbacks = list(self._fallbacks.items())
         f = self._families()
         latency = _latency_family()
         for name, breaker in breakers:
@@ -229,6 +287,20 @@ class BreakerCollector:
         for name, budget in budgets:
             f["budget_tokens"].add_metric([name], float(budget.tokens))
             f["budget_capacity"].add_metric([name], float(budget.capacity))
+        for name, shedder in shedders:
+            sm = shedder.metrics()
+            f["shed_admitted"].add_metric([name], sm.admitted)
+            f["shed_queued"].add_metric([name], sm.queued)
+            for reason in _SHED_REASONS:
+                f["shed_shed"].add_metric([name, reason], getattr(sm, f"shed_{reason}"))
+            f["shed_in_flight"].add_metric([name], sm.in_flight)
+            f["shed_queue_len"].add_metric([name], sm.queue_len)
+            f["shed_congested"].add_metric([name], 1.0 if sm.congested else 0.0)
+        for name, fn in fallbacks:
+            fm = fn.metrics()
+            for field in ("calls", "fallbacks", "stale_served"):
+                f[f"fallback_{field}"].add_metric([name], getattr(fm, field))
+            f["fallback_active"].add_metric([name], fm.fallback_active_seconds)
         for family in (*f.values(), latency):
             if family.samples:
                 yield family
@@ -293,6 +365,37 @@ class BreakerCollector:
         )
         f["budget_capacity"] = GaugeMetricFamily(
             f"{p}_retry_budget_capacity", "The most tokens the budget holds", labels=["name"]
+        )
+        f["shed_admitted"] = CounterMetricFamily(
+            f"{p}_shedder_admitted", "Requests the load shedder admitted", labels=["name"]
+        )
+        f["shed_queued"] = CounterMetricFamily(
+            f"{p}_shedder_queued", "Requests that waited in the shedder's queue", labels=["name"]
+        )
+        f["shed_shed"] = CounterMetricFamily(
+            f"{p}_shedder_shed", "Requests the load shedder refused", labels=["name", "reason"]
+        )
+        f["shed_in_flight"] = GaugeMetricFamily(
+            f"{p}_shedder_in_flight", "Slots of the shedder's limit in use", labels=["name"]
+        )
+        f["shed_queue_len"] = GaugeMetricFamily(
+            f"{p}_shedder_queue_len", "Requests waiting in the shedder's queue", labels=["name"]
+        )
+        f["shed_congested"] = GaugeMetricFamily(
+            f"{p}_shedder_congested", "1 while CoDel judges the queue congested", labels=["name"]
+        )
+        for field, doc in (
+            ("calls", "Calls of a degraded (fallback or stale_on_error) function"),
+            ("fallbacks", "Answers given by the fallback handler"),
+            ("stale_served", "Stale results served in place of an error"),
+        ):
+            f[f"fallback_{field}"] = CounterMetricFamily(
+                f"{p}_fallback_{field}", doc, labels=["name"]
+            )
+        f["fallback_active"] = GaugeMetricFamily(
+            f"{p}_fallback_active_seconds",
+            "Seconds since the current unbroken run of degraded answers began",
+            labels=["name"],
         )
         return f
 
