@@ -68,6 +68,23 @@ BULKHEAD_NAMES = [
     "fastbreaker.bulkhead.peak_in_flight",
     "fastbreaker.bulkhead.limit",
 ]
+SHEDDER_NAMES = [
+    "fastbreaker.shedder.admitted",
+    "fastbreaker.shedder.queued",
+    "fastbreaker.shedder.shed",
+    "fastbreaker.shedder.in_flight",
+    "fastbreaker.shedder.queue_len",
+    "fastbreaker.shedder.congested",
+]
+FALLBACK_NAMES = [
+    "fastbreaker.fallback.calls",
+    "fastbreaker.fallback.fallbacks",
+    "fastbreaker.fallback.stale_served",
+    "fastbreaker.fallback.active_seconds",
+]
+ALL_NAMES = (
+    BREAKER_NAMES + MAP_NAMES + BUDGET_NAMES + BULKHEAD_NAMES + SHEDDER_NAMES + FALLBACK_NAMES
+)
 GAUGES = {
     "fastbreaker.breaker.state",
     "fastbreaker.breaker.consecutive_failures",
@@ -81,6 +98,10 @@ GAUGES = {
     "fastbreaker.bulkhead.waiting",
     "fastbreaker.bulkhead.peak_in_flight",
     "fastbreaker.bulkhead.limit",
+    "fastbreaker.shedder.in_flight",
+    "fastbreaker.shedder.queue_len",
+    "fastbreaker.shedder.congested",
+    "fastbreaker.fallback.active_seconds",
 }
 
 
@@ -147,6 +168,15 @@ def _raise() -> None:
     raise ValueError("down")
 
 
+def _open(breaker: Any) -> Any:
+    """A function that calls ``breaker``: it raises CircuitOpenError while it is open."""
+
+    def call() -> str:
+        return str(breaker.call(lambda: "fresh"))
+
+    return call
+
+
 def _fail(m: Any, key: Any, times: int = 1) -> None:
     for _ in range(times):
         if m.allow(key):
@@ -208,9 +238,11 @@ def test_counters_are_counters_and_levels_are_gauges(fb, clock, otel):
         maps={"m": m},
         budgets={"b": fb.RetryBudget(clock=clock)},
         bulkheads=[fb.Bulkhead(2, name="slots")],
+        shedders=[fb.LoadShedder(1, name="api")],
+        fallbacks={"f": fb.fallback(lambda exc: None)(lambda: None)},
     )
     c = otel.collect()
-    everything = BREAKER_NAMES + MAP_NAMES + BUDGET_NAMES + BULKHEAD_NAMES
+    everything = ALL_NAMES
     assert c.names() == set(everything)  # every instrument has a data point here
     for name in everything:
         assert c.kinds[name] == ("gauge" if name in GAUGES else "counter"), name
@@ -218,6 +250,7 @@ def test_counters_are_counters_and_levels_are_gauges(fb, clock, otel):
         "fastbreaker.breaker.open_seconds",
         "fastbreaker.map.open_seconds",
         "fastbreaker.breaker.call_seconds.sum",
+        "fastbreaker.fallback.active_seconds",
     }
     assert {n for n, unit in c.units.items() if unit} == seconds
     assert all(c.units[n] == "s" for n in seconds)
@@ -511,6 +544,84 @@ def test_bulkhead_in_flight_and_limits(fb, clock, otel):
     assert limiter.limit < 8
 
 
+# -- load shedders and degraded functions -----------------------------------------------------------
+def test_shedder_admissions_refusals_and_levels(fb, otel):
+    shedder = fb.LoadShedder(fb.Bulkhead(1), max_queue=0, name="api")
+    instrument(otel.meter, shedders=[shedder])
+    with shedder:
+        with pytest.raises(fb.LoadShedError) as info:
+            shedder.call(lambda: None)  # the only slot is held, and nobody may wait
+        assert info.value.reason == "queue_full"
+        c = otel.collect()
+        assert c("fastbreaker.shedder.in_flight", name="api") == 1
+        assert c("fastbreaker.shedder.queue_len", name="api") == 0
+    c = otel.collect()
+    assert c("fastbreaker.shedder.admitted", name="api") == 1
+    assert c("fastbreaker.shedder.queued", name="api") == 0
+    assert c.series("fastbreaker.shedder.shed") == {
+        frozenset({("name", "api"), ("reason", "queue_full")}): 1,
+        frozenset({("name", "api"), ("reason", "too_old")}): 0,
+        frozenset({("name", "api"), ("reason", "priority")}): 0,
+        frozenset({("name", "api"), ("reason", "deadline")}): 0,
+    }
+    assert c("fastbreaker.shedder.in_flight", name="api") == 0
+    assert c("fastbreaker.shedder.congested", name="api") == 0
+    assert c.kinds["fastbreaker.shedder.shed"] == "counter"
+    assert c.kinds["fastbreaker.shedder.congested"] == "gauge"
+    m = shedder.metrics()
+    assert (m.admitted, m.shed_queue_full) == (1, 1)  # the collections admitted nothing
+
+
+def test_fallback_calls_fallbacks_and_active_seconds(fb, clock, otel):
+    breaker = fb.CircuitBreaker(clock=clock)
+    breaker.trip()
+    price = fb.fallback(lambda exc: "default", clock=clock)(_open(breaker))
+    instrument(otel.meter, fallbacks={"price": price})
+    c = otel.collect()
+    assert c("fastbreaker.fallback.calls", name="price") == 0
+    assert c("fastbreaker.fallback.active_seconds", name="price") == 0.0
+
+    assert price() == "default"
+    assert price() == "default"
+    clock.advance(2.5)
+    c = otel.collect()
+    assert c("fastbreaker.fallback.calls", name="price") == 2
+    assert c("fastbreaker.fallback.fallbacks", name="price") == 2
+    assert c("fastbreaker.fallback.stale_served", name="price") == 0
+    assert c("fastbreaker.fallback.active_seconds", name="price") == pytest.approx(2.5)
+    assert c.units["fastbreaker.fallback.active_seconds"] == "s"
+
+    clock.advance(1.0)  # still degraded: the run goes on
+    c = otel.collect()
+    assert c("fastbreaker.fallback.active_seconds", name="price") == pytest.approx(3.5)
+
+    breaker.reset()
+    assert price() == "fresh"  # a normal answer ends the run
+    c = otel.collect()
+    assert c("fastbreaker.fallback.calls", name="price") == 3
+    assert c("fastbreaker.fallback.fallbacks", name="price") == 2
+    assert c("fastbreaker.fallback.active_seconds", name="price") == 0.0
+
+
+def test_stale_on_error_stale_served(fb, clock, otel):
+    breaker = fb.CircuitBreaker(clock=clock)
+    cached = fb.stale_on_error(0, stale_ttl=60.0, clock=clock)(_open(breaker))
+    plain = fb.fallback(lambda exc: "default", clock=clock)(_open(breaker))
+    instrument(otel.meter, fallbacks={"cached": cached, "plain": plain})
+    assert cached() == "fresh"
+    breaker.trip()
+    clock.advance(4.0)
+    assert cached() == "fresh"  # the last good result, served stale
+    assert cached() == "fresh"
+    clock.advance(1.0)
+    c = otel.collect()
+    assert c("fastbreaker.fallback.calls", name="cached") == 3
+    assert c("fastbreaker.fallback.stale_served", name="cached") == 2
+    assert c("fastbreaker.fallback.fallbacks", name="cached") == 0
+    assert c("fastbreaker.fallback.active_seconds", name="cached") == pytest.approx(1.0)
+    assert c("fastbreaker.fallback.calls", name="plain") == 0  # each label its own series
+
+
 # -- names, and the Prometheus collector -----------------------------------------------------------
 def test_instrument_names(fb, clock, otel):
     result = instrument(
@@ -519,12 +630,12 @@ def test_instrument_names(fb, clock, otel):
         maps={"m": fb.BreakerMap(clock=clock)},
         budgets={"r": fb.RetryBudget(clock=clock)},
         bulkheads=[fb.Bulkhead(1, name="s")],
+        shedders=[fb.LoadShedder(1, name="l")],
+        fallbacks={"f": fb.stale_on_error(1.0, stale_ttl=2.0)(lambda: None)},
     )
     assert isinstance(result, Instrumentation)
-    assert [i.name for i in result.instruments] == (
-        BREAKER_NAMES + MAP_NAMES + BUDGET_NAMES + BULKHEAD_NAMES
-    )
-    assert repr(result) == "<Instrumentation instruments=49>"
+    assert [i.name for i in result.instruments] == ALL_NAMES
+    assert repr(result) == "<Instrumentation instruments=59>"
 
 
 def test_only_the_kinds_given_are_registered(fb, clock, otel):
@@ -561,12 +672,16 @@ def test_the_same_series_as_the_prometheus_collector(fb, clock, otel):
     instrument(otel.meter, max_key_series=2, **objects)
     collector = BreakerCollector(max_key_series=2, **objects)
 
+    assert _same_series(otel.collect(), collector) == 21 + 23 + 2  # breaker, map, budget
+
+
+def _same_series(c: Collection, collector: Any) -> int:
+    """Check that ``c`` holds the collector's series, by Prometheus name; how many there are."""
     prometheus: dict[tuple[str, Labels], float] = {}
     for family in collector.collect():
         for s in family.samples:
             if not s.name.endswith("_bucket"):  # OTel exports the latency's sum and count
                 prometheus[(s.name, frozenset(s.labels.items()))] = s.value
-    c = otel.collect()
     exported: dict[tuple[str, Labels], float] = {}
     for name, series in c.points.items():
         prom_name = name.replace(".", "_")
@@ -574,16 +689,45 @@ def test_the_same_series_as_the_prometheus_collector(fb, clock, otel):
             prom_name += "_total"
         for labels, value in series.items():
             exported[(prom_name, labels)] = value
-    assert len(exported) == 21 + 23 + 2  # breaker, map (2 key series), budget
     assert exported.keys() == prometheus.keys()
     for key, value in exported.items():
         assert value == pytest.approx(prometheus[key]), key
+    return len(exported)
+
+
+def test_shedders_and_fallbacks_as_the_prometheus_collector(fb, clock, otel):
+    pytest.importorskip("prometheus_client")
+    import inspect
+
+    from fastbreaker.contrib.prometheus import BreakerCollector
+
+    if "shedders" not in inspect.signature(BreakerCollector).parameters:
+        pytest.skip("this BreakerCollector exports no load shedders")
+    shedder = fb.LoadShedder(fb.Bulkhead(1), max_queue=0, name="api")
+    breaker = fb.CircuitBreaker(clock=clock)
+    breaker.trip()
+    price = fb.fallback(lambda exc: "default", clock=clock)(_open(breaker))
+    cached = fb.stale_on_error(0, stale_ttl=60.0, clock=clock)(_open(fb.CircuitBreaker()))
+    cached()
+    objects: dict[str, Any] = {
+        "shedders": [shedder],
+        "fallbacks": {"price": price, "cached": cached},
+    }
+    instrument(otel.meter, **objects)
+    collector = BreakerCollector(**objects)
+    with shedder:
+        with pytest.raises(fb.LoadShedError):
+            shedder.call(lambda: None)
+        price()
+        clock.advance(2.0)
+        assert _same_series(otel.collect(), collector) == 9 + 2 * 4
 
 
 # -- arguments -----------------------------------------------------------------------------------
 def _bad_arguments(fb: Any, clock: Any) -> list[tuple[dict[str, Any], type, str]]:
     b = fb.CircuitBreaker(name="x", clock=clock)
     m = fb.BreakerMap(clock=clock)
+    degraded = fb.fallback(lambda exc: None)(lambda: None)
     return [
         ({"max_key_series": -1}, ValueError, "max_key_series must be >= 0"),
         ({"max_key_series": 2.0}, TypeError, "max_key_series must be an int >= 0"),
@@ -608,6 +752,18 @@ def _bad_arguments(fb: Any, clock: Any) -> list[tuple[dict[str, Any], type, str]
         ({"bulkheads": [b]}, TypeError, r"bulkheads\[0\] must be a fastbreaker.Bulkhead"),
         ({"bulkheads": [fb.Bulkhead(1)]}, ValueError, r"bulkheads\[0\] has no name"),
         ({"bulkheads": fb.Bulkhead(1, name="s")}, TypeError, "bulkheads must be a sequence"),
+        ({"shedders": [fb.Bulkhead(1, name="s")]}, TypeError, r"shedders\[0\] must be a .*Shedder"),
+        ({"shedders": [fb.LoadShedder(1)]}, ValueError, r"shedders\[0\] has no name"),
+        (
+            {"shedders": [fb.LoadShedder(1, name="l"), fb.LoadShedder(1, name="l")]},
+            ValueError,
+            r"shedders\[1\] and shedders\[0\] are both named 'l'",
+        ),
+        ({"shedders": fb.LoadShedder(1, name="l")}, TypeError, "shedders must be a sequence"),
+        ({"fallbacks": [degraded]}, TypeError, "fallbacks must be a mapping"),
+        ({"fallbacks": {"": degraded}}, TypeError, "fallbacks labels must be non-empty strs"),
+        ({"fallbacks": {"f": lambda: None}}, TypeError, r"fallbacks\['f'\] must be a function"),
+        ({"fallbacks": {"f": b}}, TypeError, r"fallbacks\['f'\] must be a function wrapped"),
     ]
 
 
@@ -648,9 +804,10 @@ def test_nothing_is_added_to_the_call_path(fb, clock, otel):
     b = fb.CircuitBreaker(failure_threshold=1, name="p", clock=clock)
     m = fb.BreakerMap(failure_threshold=1, clock=clock)
     bh = fb.Bulkhead(1, name="s")
+    shedder = fb.LoadShedder(1, name="l")
     fired: list[Any] = []
     b.on_state_change(lambda *a: fired.append(a))
-    instrument(otel.meter, breakers=[b], maps={"m": m}, bulkheads=[bh])
+    instrument(otel.meter, breakers=[b], maps={"m": m}, bulkheads=[bh], shedders=[shedder])
     otel.collect()
     b.allow()
     b.record_failure()
@@ -659,6 +816,7 @@ def test_nothing_is_added_to_the_call_path(fb, clock, otel):
     assert b.metrics().permitted == 1  # collections called no allow()
     assert m.metrics().permitted == 0 and len(m) == 0  # and created no key
     assert bh.metrics().admitted == 0
+    assert shedder.metrics().admitted == 0
 
 
 # -- imports -------------------------------------------------------------------------------------

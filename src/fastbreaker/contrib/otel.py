@@ -1,5 +1,5 @@
-"""OpenTelemetry metrics for breakers, breaker maps, retry budgets and bulkheads, read at
-collection time.
+"""OpenTelemetry metrics for breakers, breaker maps, retry budgets, bulkheads, load shedders and
+degraded (fallback) functions, read at collection time.
 
 ``instrument()`` registers observable instruments on an OpenTelemetry ``Meter``. Their callbacks
 read the objects' ``metrics()`` snapshots only when the SDK collects (a periodic exporter, a
@@ -16,6 +16,8 @@ path: nothing is registered on the breakers, nothing counted or wrapped::
         maps={"http": transport.breakers},          # map="http"
         budgets={"http": transport.retry.budget},   # name="http"
         bulkheads=[db_slots],                       # name="db" (the bulkhead's name)
+        shedders=[shedder],                         # name="api" (the shedder's name)
+        fallbacks={"price": get_price},             # @fastbreaker.fallback / stale_on_error
     )
 
 The instruments are the Prometheus collector's metrics, with its attributes (its labels), named
@@ -56,6 +58,20 @@ cumulative totals since each object was created; the others are observable gauge
 ``fastbreaker.bulkhead.<g>{name}``             gauge, ``g`` in in_flight, waiting,
                                                peak_in_flight, limit (``max_concurrent``, or
                                                an ``AdaptiveLimiter``'s current ``limit``)
+``fastbreaker.shedder.admitted{name}``         counter: requests a ``LoadShedder`` admitted
+``fastbreaker.shedder.queued{name}``           counter: requests that waited in its queue
+``fastbreaker.shedder.shed{name,reason}``      counter: requests refused, ``reason`` in
+                                               queue_full, too_old, priority, deadline
+``fastbreaker.shedder.in_flight{name}``        gauge: the limit's slots in use now
+``fastbreaker.shedder.queue_len{name}``        gauge: requests waiting now
+``fastbreaker.shedder.congested{name}``        gauge: 1 while CoDel judges the queue
+                                               congested, else 0
+``fastbreaker.fallback.<c>{name}``             counter, ``c`` in calls, fallbacks,
+                                               stale_served: calls of the wrapped function and
+                                               its degraded answers
+``fastbreaker.fallback.active_seconds{name}``  gauge (unit ``s``): seconds since the current
+                                               unbroken run of degraded answers began (0 once a
+                                               normal answer follows)
 =============================================  ===============================================
 
 The latency histogram: an observable instrument cannot be a histogram (OpenTelemetry has no
@@ -114,9 +130,12 @@ if TYPE_CHECKING:
         Bulkhead,
         BulkheadMetrics,
         CircuitBreaker,
+        FallbackMetrics,
+        LoadShedder,
         MapMetrics,
         Metrics,
         RetryBudget,
+        ShedderMetrics,
     )
 
 __all__ = ["Instrumentation", "instrument"]
@@ -158,6 +177,21 @@ _BULKHEAD_GAUGES = (
     ("peak_in_flight", "The most slots held at once"),
 )
 
+# (ShedderMetrics field, reason attribute) of a shedder's refusals: LoadShedError's reasons.
+_SHED_REASONS = (
+    ("shed_queue_full", "queue_full"),
+    ("shed_too_old", "too_old"),
+    ("shed_priority", "priority"),
+    ("shed_deadline", "deadline"),
+)
+
+# (FallbackMetrics field, description) of a degraded function's counters.
+_FALLBACK_COUNTERS = (
+    ("calls", "Calls of a degraded (fallback or stale_on_error) function"),
+    ("fallbacks", "Answers given by the fallback handler"),
+    ("stale_served", "Stale results served on error by stale_on_error"),
+)
+
 _ROUND_SECONDS = 1.0
 """A snapshot older than this is not reused, even by a callback it has not served yet."""
 
@@ -182,7 +216,16 @@ class _BulkheadView(NamedTuple):
 class _Snapshot:
     """What one collection reads: every object's metrics, taken at once."""
 
-    __slots__ = ("taken", "served", "breakers", "maps", "budgets", "bulkheads")
+    __slots__ = (
+        "taken",
+        "served",
+        "breakers",
+        "maps",
+        "budgets",
+        "bulkheads",
+        "shedders",
+        "fallbacks",
+    )
 
     def __init__(
         self,
@@ -190,6 +233,8 @@ class _Snapshot:
         maps: list[_MapView],
         budgets: list[tuple[str, float, float]],
         bulkheads: list[_BulkheadView],
+        shedders: list[tuple[str, ShedderMetrics]],
+        fallbacks: list[tuple[str, FallbackMetrics]],
     ) -> None:
         self.taken = time.monotonic()
         self.served: set[int] = set()  # the instruments whose callbacks read this snapshot
@@ -197,6 +242,8 @@ class _Snapshot:
         self.maps = maps
         self.budgets = budgets
         self.bulkheads = bulkheads
+        self.shedders = shedders
+        self.fallbacks = fallbacks
 
 
 class _Reader:
@@ -208,12 +255,16 @@ class _Reader:
         maps: list[tuple[str, BreakerMap]],
         budgets: list[tuple[str, RetryBudget]],
         bulkheads: list[tuple[str, Union[Bulkhead, AdaptiveLimiter]]],
+        shedders: list[tuple[str, LoadShedder]],
+        fallbacks: list[tuple[str, Any]],
         max_key_series: int,
     ) -> None:
         self._breakers = breakers
         self._maps = maps
         self._budgets = budgets
         self._bulkheads = bulkheads
+        self._shedders = shedders
+        self._fallbacks = fallbacks
         self._max_key_series = max_key_series
         self._lock = threading.Lock()
         self._snapshot: Optional[_Snapshot] = None
@@ -240,6 +291,8 @@ class _Reader:
             [self._map_view(label, m) for label, m in self._maps],
             [(name, float(b.tokens), float(b.capacity)) for name, b in self._budgets],
             [_BulkheadView(name, b.metrics(), _limit(b)) for name, b in self._bulkheads],
+            [(name, s.metrics()) for name, s in self._shedders],
+            [(label, fn.metrics()) for label, fn in self._fallbacks],
         )
 
     def _map_view(self, label: str, breakers: BreakerMap) -> _MapView:
@@ -358,6 +411,28 @@ def _bulkhead_field(field: str) -> Callable[[_Snapshot], Iterator[_Point]]:
 def _bulkhead_limit(s: _Snapshot) -> Iterator[_Point]:
     for view in s.bulkheads:
         yield view.limit, {"name": view.name}
+
+
+def _shedder_field(field: str) -> Callable[[_Snapshot], Iterator[_Point]]:
+    def points(s: _Snapshot) -> Iterator[_Point]:
+        for name, m in s.shedders:
+            yield float(getattr(m, field)), {"name": name}
+
+    return points
+
+
+def _shedder_shed(s: _Snapshot) -> Iterator[_Point]:
+    for name, m in s.shedders:
+        for field, reason in _SHED_REASONS:
+            yield getattr(m, field), {"name": name, "reason": reason}
+
+
+def _fallback_field(field: str) -> Callable[[_Snapshot], Iterator[_Point]]:
+    def points(s: _Snapshot) -> Iterator[_Point]:
+        for label, m in s.fallbacks:
+            yield getattr(m, field), {"name": label}
+
+    return points
 
 
 def _breaker_specs() -> list[_Spec]:
@@ -484,6 +559,63 @@ def _bulkhead_specs() -> list[_Spec]:
     return specs
 
 
+def _shedder_specs() -> list[_Spec]:
+    p = f"{PREFIX}.shedder"
+    return [
+        _Spec(
+            False,
+            f"{p}.admitted",
+            "Requests the load shedder admitted",
+            "",
+            _shedder_field("admitted"),
+        ),
+        _Spec(
+            False,
+            f"{p}.queued",
+            "Requests that waited in the shedder's queue",
+            "",
+            _shedder_field("queued"),
+        ),
+        _Spec(False, f"{p}.shed", "Requests the load shedder refused", "", _shedder_shed),
+        _Spec(
+            True,
+            f"{p}.in_flight",
+            "Slots of the shedder's limit in use",
+            "",
+            _shedder_field("in_flight"),
+        ),
+        _Spec(
+            True,
+            f"{p}.queue_len",
+            "Requests waiting in the shedder's queue",
+            "",
+            _shedder_field("queue_len"),
+        ),
+        _Spec(
+            True,
+            f"{p}.congested",
+            "1 while CoDel judges the queue congested",
+            "",
+            _shedder_field("congested"),
+        ),
+    ]
+
+
+def _fallback_specs() -> list[_Spec]:
+    p = f"{PREFIX}.fallback"
+    specs = [_Spec(False, f"{p}.{f}", doc, "", _fallback_field(f)) for f, doc in _FALLBACK_COUNTERS]
+    specs.append(
+        _Spec(
+            True,
+            f"{p}.active_seconds",
+            "Seconds since the current unbroken run of degraded answers began",
+            "s",
+            _fallback_field("fallback_active_seconds"),
+        )
+    )
+    return specs
+
+
 # -- validation ------------------------------------------------------------------------------------
 def _is_breaker(obj: object) -> bool:
     return callable(getattr(obj, "metrics", None)) and hasattr(obj, "state")
@@ -499,6 +631,21 @@ def _is_budget(obj: object) -> bool:
 
 def _is_bulkhead(obj: object) -> bool:
     return callable(getattr(obj, "metrics", None)) and hasattr(obj, "max_concurrent")
+
+
+def _is_shedder(obj: object) -> bool:
+    # a LoadShedder has its limit, not a max_concurrent of its own (as bulkheads have)
+    return (
+        callable(getattr(obj, "metrics", None))
+        and hasattr(obj, "limit")
+        and not hasattr(obj, "max_concurrent")
+    )
+
+
+def _is_fallback(obj: object) -> bool:
+    # read once, to refuse anything that does not report FallbackMetrics' fields
+    m = getattr(obj, "metrics", None)
+    return callable(obj) and callable(m) and hasattr(m(), "fallback_active_seconds")
 
 
 def _named(param: str, objs: object, check: Callable[[object], bool], kind: str) -> list[Any]:
@@ -584,6 +731,8 @@ def instrument(
     maps: Mapping[str, BreakerMap] = {},  # noqa: B006 - read, never mutated
     budgets: Mapping[str, RetryBudget] = {},  # noqa: B006 - read, never mutated
     bulkheads: Sequence[Union[Bulkhead, AdaptiveLimiter]] = (),
+    shedders: Sequence[LoadShedder] = (),
+    fallbacks: Mapping[str, Callable[..., Any]] = {},  # noqa: B006 - read, never mutated
     max_key_series: int = 100,
 ) -> Instrumentation:
     """Register observable instruments on ``meter`` that export these objects when the SDK
@@ -602,6 +751,12 @@ def instrument(
         budgets: ``{name: RetryBudget}``; each budget is labelled ``name=``.
         bulkheads: ``Bulkhead`` and ``AdaptiveLimiter`` objects, a sequence; each is labelled
             ``name=`` with its own name, which must be set and unique among them.
+        shedders: ``LoadShedder`` objects, a sequence; each is labelled ``name=`` with its own
+            name, which must be set and unique among them.
+        fallbacks: ``{name: fn}``, functions wrapped by ``fastbreaker.fallback`` or
+            ``fastbreaker.stale_on_error`` (anything whose ``metrics()`` returns
+            ``FallbackMetrics``); each is labelled ``name=``. ``instrument()`` calls each one's
+            ``metrics()`` once, to check it.
         max_key_series: the most per-key ``fastbreaker.map.key_state`` series each map exports,
             an int >= 0 (0 for aggregates only).
 
@@ -637,14 +792,29 @@ def instrument(
     named_bulkheads = _named(
         "bulkheads", bulkheads, _is_bulkhead, "fastbreaker.Bulkhead or AdaptiveLimiter"
     )
+    named_shedders = _named("shedders", shedders, _is_shedder, "fastbreaker.LoadShedder")
+    labelled_fallbacks = _labelled(
+        "fallbacks",
+        fallbacks,
+        _is_fallback,
+        "function wrapped by fastbreaker.fallback or stale_on_error",
+    )
     reader = _Reader(
-        named_breakers, labelled_maps, labelled_budgets, named_bulkheads, max_key_series
+        named_breakers,
+        labelled_maps,
+        labelled_budgets,
+        named_bulkheads,
+        named_shedders,
+        labelled_fallbacks,
+        max_key_series,
     )
     specs = [
         *(_breaker_specs() if named_breakers else ()),
         *(_map_specs() if labelled_maps else ()),
         *(_budget_specs() if labelled_budgets else ()),
         *(_bulkhead_specs() if named_bulkheads else ()),
+        *(_shedder_specs() if named_shedders else ()),
+        *(_fallback_specs() if labelled_fallbacks else ()),
     ]
     registered: list[Union[ObservableCounter, ObservableGauge]] = []
     for index, spec in enumerate(specs):
