@@ -51,7 +51,8 @@ def sdist_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def test_sdist_has_the_readme_and_its_figure(sdist_names: list[str]) -> None:
-    for name in ["README.md", "docs/benchmark.png", "pyproject.toml", "setup.py", "MANIFEST.in"]:
+    figures = ["docs/benchmark.png", "docs/overload.png"]
+    for name in ["README.md", *figures, "pyproject.toml", "setup.py", "MANIFEST.in"]:
         assert name in sdist_names
 
 

@@ -1,4 +1,5 @@
-"""The command line: ``python -m fastbreaker [--quick] [--json PATH] [--plot PATH] ...``."""
+"""The command line: ``python -m fastbreaker [--quick] [--json PATH] [--plot PATH] ...``, and
+``python -m fastbreaker overload [--quick] [--plot PATH]``."""
 
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ from ._targets import missed_targets
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m fastbreaker``: run the headline benchmark and print the table."""
+    """``python -m fastbreaker``: run the headline benchmark and print the table;
+    ``python -m fastbreaker overload ...``: the overload curve (``_overload``)."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["overload"]:
+        from ._overload import main as overload_main
+
+        return overload_main(args_in[1:])
     parser = argparse.ArgumentParser(
         prog="python -m fastbreaker",
         description="Measure fastbreaker against its pure-Python twin, every installed peer and "
         "the floor (an empty Cython method call), on this machine, in this run.",
         epilog="A full run takes under a minute on 2 cores and starts no thread. Peers: "
-        "pip install 'fastbreaker[bench]'. How each cell is measured is printed under the table.",
+        "pip install 'fastbreaker[bench]'. How each cell is measured is printed under the table. "
+        "`python -m fastbreaker overload --help`: the overload curve of a real uvicorn service.",
     )
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (seconds)")
     parser.add_argument(
