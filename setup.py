@@ -12,7 +12,15 @@ NO_EXTENSIONS = bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS"))
 DEBUG = bool(os.environ.get("FASTBREAKER_DEBUG"))
 
 # Dotted names under fastbreaker; bench._floor_c is the benchmark floor (an empty method).
-MODULES = ["_breaker_c", "_budget_c", "_map_c", "_bulkhead_c", "_retry_c", "bench._floor_c"]
+MODULES = [
+    "_breaker_c",
+    "_budget_c",
+    "_map_c",
+    "_bulkhead_c",
+    "_retry_c",
+    "_shed_c",
+    "bench._floor_c",
+]
 
 
 def extensions():

@@ -106,7 +106,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Awaitable, NamedTuple, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Awaitable, NamedTuple, Optional, TypeVar, Union
 
 from . import _bulkhead as _b, _bulkhead_py, _calls
 from ._deadline import Deadline, current_var as _deadline_var
@@ -114,6 +114,13 @@ from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
 from ._errors import LoadShedError
 from ._priority import current_var as _priority_var
 from ._select import COMPILED
+
+# The admission fast path (``with shedder:`` while nobody waits) is the base class: compiled, or
+# its twin (``_shed_py``, which documents the fields it shares with the queue below).
+if TYPE_CHECKING or not COMPILED:
+    from ._shed_py import ShedderCore
+else:
+    from ._shed_c import ShedderCore
 
 __all__ = ["LoadShedder", "ShedderMetrics"]
 
@@ -214,7 +221,7 @@ def _check_limit(limit: object) -> Any:
     )
 
 
-class LoadShedder:
+class LoadShedder(ShedderCore):
     """Admit requests to a concurrency limit, queue a bounded number, and shed the rest early.
 
     ``with shedder:``, ``async with shedder:``, ``shedder.call(fn, ...)``,
@@ -241,14 +248,10 @@ class LoadShedder:
     __slots__ = (
         "_limit",
         "_timed",
-        "_try",
         "_acq",
-        "_rel",
         "_lock",
         "_levels",
         "_level_live",
-        "_live",
-        "_idle",
         "_first_above",
         "_dropping",
         "_drop_next",
@@ -261,7 +264,6 @@ class LoadShedder:
         "_order",
         "_name",
         "_clock",
-        "_admitted",
         "_queued",
         "_shed_full",
         "_shed_old",
@@ -304,8 +306,8 @@ class LoadShedder:
         self._limit: Any = lim
         self._timed = isinstance(lim, _LIMITERS)
         self._acq: Callable[[], bool] = lim._try_admit
-        self._rel: Callable[[], None] = lim.release
-        self._try: Callable[[], bool] = self._try_timed if self._timed else self._acq
+        self._rel = lim.release
+        self._try = self._try_timed if self._timed else self._acq
         self._lock = threading.Lock()
         self._levels: tuple[collections.deque[_Waiter], ...] = tuple(
             collections.deque() for _ in range(_LEVELS)
@@ -325,7 +327,8 @@ class LoadShedder:
         self._order = ORDERS.index(order)
         self._name = name
         self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
-        self._admitted = self._queued = 0
+        self._admitted = 0
+        self._queued = 0
         self._shed_full = self._shed_old = self._shed_prio = self._shed_dl = 0
 
     # -- public -------------------------------------------------------------------------------
@@ -355,29 +358,12 @@ class LoadShedder:
                 self._dropping,
             )
 
-    def __enter__(self) -> LoadShedder:
-        if self._live == 0 and _dl_get() is None and self._try():
-            self._admitted += 1
-            return self
-        self._acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._idle:
-            self._rel()
-            if not self._idle:
-                self._kick()  # someone queued meanwhile: the slot just freed is theirs
-            return
-        self._exit_slow(exc)
+    # ``with shedder:`` is ShedderCore's __enter__/__exit__ (the fast path, compiled), which
+    # calls _acquire() and _exit_slow() below when the queue is involved.
 
     async def __aenter__(self) -> LoadShedder:
         if self._live == 0 and _dl_get() is None and self._try():
-            self._admitted += 1
+            self._admit_one()
             return self
         await self._acquire_async()
         return self
@@ -698,7 +684,7 @@ class LoadShedder:
         with self._lock:
             self._drain(False)  # free slots go to those already waiting
             if self._live == 0 and self._acq():
-                self._admitted += 1
+                self._admit_one()
                 return None
             if self._max_queue == 0:
                 raise self._refuse("queue_full", now)
@@ -717,7 +703,7 @@ class LoadShedder:
             self._drain(False)  # a slot freed by a fast release that missed this waiter
             if w.state == _GRANTED:
                 w.state = _GONE
-                self._admitted += 1
+                self._admit_one()
                 self._update_idle()
                 return None
             self._update_idle()
@@ -759,7 +745,7 @@ class LoadShedder:
             if w.state == _GRANTED:
                 w.state = _GONE
                 if how != _CANCELLED and not _expired(w.dl):
-                    self._admitted += 1
+                    self._admit_one()
                     return True
                 self._drain(True)  # given up, or the slot came too late: pass it on
                 self._update_idle()
