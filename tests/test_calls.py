@@ -146,6 +146,75 @@ async def test_async_with_interleaved_tasks(fb, clock):
     assert (m.successes, m.failures, m.stale) == (5, 5, 0)
 
 
+async def test_a_thousand_tasks_interleaving_async_with_account_exactly(fb, clock):
+    # Issue 17: the compiled `async with` keeps its per-task bookkeeping in C stacks, one per
+    # Context. 1,000 tasks enter one breaker, nest a second block, and yield to each other inside
+    # both, leaving in an order unrelated to the order they entered, with every kind of exit
+    # (success, failure, ignored, cancellation). The first 500 enter before a trip and reset,
+    # the others after: their outer permits are of different generations, so an exit that
+    # finished another task's permit would move a count between `stale` and the others.
+    import random
+
+    b = fb.CircuitBreaker(failure_threshold=10**6, ignore=(KeyError,), clock=clock)
+    rng = random.Random(17)
+    n, half = 1000, 500
+    plans = [(rng.randrange(4), rng.randrange(1, 6)) for _ in range(n)]
+    first_in, all_in = asyncio.Event(), asyncio.Event()
+    entered = 0
+
+    async def job(i):
+        nonlocal entered
+        outcome, yields = plans[i]
+        async with b:
+            entered += 1
+            if entered == half:
+                first_in.set()
+            if entered == n:
+                all_in.set()
+            await all_in.wait()  # every task is inside its block before any leaves
+            async with b:  # nested on the same breaker, in the same task
+                for _ in range(yields):
+                    await asyncio.sleep(0)
+            if outcome == 1:
+                raise ValueError(i)
+            if outcome == 2:
+                raise KeyError(i)
+            if outcome == 3:
+                await asyncio.Event().wait()  # cancelled below
+        return i
+
+    tasks = [asyncio.ensure_future(job(i)) for i in range(half)]
+    await first_in.wait()
+    b.trip()
+    b.reset()  # two transitions: the first half's outer permits are stale from here
+    tasks += [asyncio.ensure_future(job(i)) for i in range(half, n)]
+    await all_in.wait()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    for t, (outcome, _) in zip(tasks, plans):
+        if outcome == 3:
+            t.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    kinds = (int, ValueError, KeyError, asyncio.CancelledError)
+    for k, kind in enumerate(kinds):
+        assert sum(isinstance(r, kind) for r in results) == sum(o == k for o, _ in plans)
+    late = [sum(o == k for o, _ in plans[half:]) for k in range(4)]  # the second half's exits
+    m = b.metrics()
+    # two blocks per task: every inner one succeeds (all entered after the reset); the outer
+    # ones of the first half are stale, those of the second half end as their task does
+    assert m.permitted == 2 * n
+    assert m.stale == half
+    assert m.successes == n + late[0]
+    assert m.failures == late[1]
+    assert m.ignored == late[2] + late[3]
+    assert m.rejected == 0
+    assert m.permitted == m.successes + m.failures + m.ignored + m.stale
+    if fb.impl == "c":
+        from fastbreaker import _breaker_c
+
+        assert _breaker_c.open_with_blocks(b) == 0
+
+
 def test_probe_limit_under_threads(fb):
     clock = FakeClock(10**12)
     b = fb.CircuitBreaker(failure_threshold=1, reset_timeout=1, half_open_max_calls=3, clock=clock)
