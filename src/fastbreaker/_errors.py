@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 __all__ = [
     "BreakerError",
@@ -13,6 +14,7 @@ __all__ = [
     "DeadlineExceeded",
     "LoadShedError",
     "State",
+    "exception_matcher",
 ]
 
 
@@ -238,3 +240,26 @@ def uninitialised(obj: object, slots: tuple[str, ...], message: str) -> None:
 def is_uninitialised(value: object) -> bool:
     """Whether ``value`` is the placeholder of a slot that ``__init__`` never filled."""
     return type(value) is Uninitialised
+
+
+def exception_matcher(on: object) -> Callable[[Exception], bool]:
+    """``on`` (an ``Exception`` subclass, a non-empty tuple of them, or a predicate
+    ``exc -> bool``) as a predicate: what ``retry(on=...)``, ``fallback(on=...)`` and
+    ``stale_on_error(on=...)`` match. A ``BaseException`` that is not an ``Exception`` is never
+    matched (it always propagates), so it is refused as a type here."""
+    if isinstance(on, type):
+        on = (on,)
+    if isinstance(on, tuple):
+        if not on or not all(isinstance(t, type) and issubclass(t, Exception) for t in on):
+            raise TypeError(
+                f"on must be an Exception subclass, a non-empty tuple of them, or a predicate "
+                f"exc -> bool (BaseExceptions always propagate), got {on!r}"
+            )
+        types = on
+        return lambda exc: isinstance(exc, types)
+    if callable(on):
+        return cast(Callable[[Exception], bool], on)
+    raise TypeError(
+        f"on must be an Exception subclass, a non-empty tuple of them, or a predicate "
+        f"exc -> bool, got {on!r}"
+    )

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Optional, ParamSpec, Protocol, TypeVar, Unio
 
 from . import _calls
 from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
-from ._errors import BulkheadFullError, CircuitOpenError, LoadShedError
+from ._errors import BulkheadFullError, CircuitOpenError, LoadShedError, exception_matcher
 
 __all__ = ["Degraded", "FallbackMetrics", "fallback", "stale_on_error"]
 
@@ -80,25 +80,6 @@ class Degraded(Protocol[P, T_co]):
     def metrics(self) -> FallbackMetrics:
         """The wrapper's counters (see ``FallbackMetrics``)."""
         ...
-
-
-def _matcher(on: object) -> Callable[[Exception], bool]:
-    if isinstance(on, type):
-        on = (on,)
-    if isinstance(on, tuple):
-        if not on or not all(isinstance(t, type) and issubclass(t, Exception) for t in on):
-            raise TypeError(
-                f"on must be an Exception subclass, a non-empty tuple of them, or a predicate "
-                f"exc -> bool (BaseExceptions always propagate), got {on!r}"
-            )
-        types = on
-        return lambda exc: isinstance(exc, types)
-    if callable(on):
-        return cast(Callable[[Exception], bool], on)
-    raise TypeError(
-        f"on must be an Exception subclass, a non-empty tuple of them, or a predicate "
-        f"exc -> bool, got {on!r}"
-    )
 
 
 def _clock_reader(clock: Optional[Callable[[], int]]) -> Callable[[], int]:
@@ -207,7 +188,7 @@ def fallback(
         raise TypeError(
             f"handler must be callable as handler(exc, *args, **kwargs), got {handler!r}"
         )
-    matches = _matcher(on)
+    matches = exception_matcher(on)
     now = _clock_reader(clock)
 
     def decorate(fn: Callable[P, T]) -> Degraded[P, T]:
@@ -373,7 +354,7 @@ def stale_on_error(
         raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
     if key is not None and not callable(key):
         raise TypeError(f"key must be None or callable as key(*args, **kwargs), got {key!r}")
-    matches = _matcher(on)
+    matches = exception_matcher(on)
     now = _clock_reader(clock)
     user_key = key
 

@@ -37,7 +37,13 @@ from typing import Any, ParamSpec, Protocol, TypeVar, Union, cast
 from . import _calls
 from ._deadline import Deadline, current_var, earlier
 from ._durations import Seconds, seconds_to_ns
-from ._errors import BulkheadFullError, CircuitOpenError, DeadlineExceeded, LoadShedError
+from ._errors import (
+    BulkheadFullError,
+    CircuitOpenError,
+    DeadlineExceeded,
+    LoadShedError,
+    exception_matcher,
+)
 from ._select import COMPILED
 
 __all__ = ["Attempt", "retry", "retrying"]
@@ -110,24 +116,6 @@ def jitter(n: int, base_ns: int, cap_ns: int, u: float) -> float:
     return u * _ceiling_ns(n, base_ns, cap_ns) / 1e9
 
 
-def _matcher(on: object) -> Callable[[Exception], bool]:
-    if isinstance(on, type):
-        on = (on,)
-    if isinstance(on, tuple):
-        if not on or not all(isinstance(t, type) and issubclass(t, Exception) for t in on):
-            raise TypeError(
-                f"on must be an Exception subclass, a non-empty tuple of them, or a predicate "
-                f"exc -> bool, got {on!r}"
-            )
-        types = on
-        return lambda exc: isinstance(exc, types)
-    if callable(on):
-        return cast(Callable[[Exception], bool], on)
-    raise TypeError(
-        f"on must be an Exception subclass, a tuple of them, or a predicate exc -> bool, got {on!r}"
-    )
-
-
 class Policy:
     """The validated options of one ``retry``/``retrying``; shared, never mutated."""
 
@@ -152,7 +140,7 @@ class Policy:
         deadline: Seconds | Deadline | None,
         on_retry: OnRetry | None,
     ) -> None:
-        self.matches = _matcher(on)
+        self.matches = exception_matcher(on)
         if isinstance(attempts, bool) or not isinstance(attempts, int):
             raise TypeError(f"attempts must be an int >= 1, got {attempts!r}")
         if attempts < 1:
