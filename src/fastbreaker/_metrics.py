@@ -7,7 +7,26 @@ from typing import Optional
 
 from ._errors import State
 
-__all__ = ["Latency", "Metrics"]
+__all__ = ["EXPORTED_COUNTERS", "Latency", "Metrics"]
+
+#: The cumulative counters of ``Metrics`` that the exporters publish: (field, the metric's name
+#: part, its description). ``contrib.prometheus`` and ``contrib.otel`` both read this table, so
+#: the two export the same series.
+EXPORTED_COUNTERS = (
+    ("permitted", "permitted", "Calls admitted"),
+    ("rejected", "rejected", "Calls rejected without being made"),
+    ("successes", "successes", "Calls that succeeded (slow ones included)"),
+    ("failures", "failures", "Calls that failed"),
+    ("slow_calls", "slow_calls", "Successful calls slower than slow_call_duration"),
+    ("ignored", "ignored", "Calls with a neutral outcome (ignored or cancelled)"),
+    ("stale", "stale", "Outcomes that arrived after a later state change"),
+    ("opened", "trips", "Transitions into OPEN"),
+    ("would_reject", "would_reject", "Calls a dry_run breaker admitted instead of rejecting"),
+    ("open_seconds_total", "open_seconds", "Seconds spent OPEN"),
+    ("probe_successes", "probe_successes", "HALF_OPEN probes that succeeded"),
+    ("probe_failures", "probe_failures", "HALF_OPEN probes that failed or were slow"),
+    ("timeouts", "timeouts", "Failures whose exception is a TimeoutError"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

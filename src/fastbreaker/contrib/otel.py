@@ -114,6 +114,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, final
 
 from .._errors import State
+from .._metrics import EXPORTED_COUNTERS
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import (
@@ -145,23 +146,7 @@ PREFIX = "fastbreaker"
 _STATES = tuple(State)
 _STATE_LABEL = {s: s.name.lower() for s in State}
 
-# (Metrics field, instrument name part, description) of the cumulative call counters: the
-# Prometheus collector's, field for field.
-_COUNTERS = (
-    ("permitted", "permitted", "Calls admitted"),
-    ("rejected", "rejected", "Calls rejected without being made"),
-    ("successes", "successes", "Calls that succeeded (slow ones included)"),
-    ("failures", "failures", "Calls that failed"),
-    ("slow_calls", "slow_calls", "Successful calls slower than slow_call_duration"),
-    ("ignored", "ignored", "Calls with a neutral outcome (ignored or cancelled)"),
-    ("stale", "stale", "Outcomes that arrived after a later state change"),
-    ("opened", "trips", "Transitions into OPEN"),
-    ("would_reject", "would_reject", "Calls a dry_run breaker admitted instead of rejecting"),
-    ("open_seconds_total", "open_seconds", "Seconds spent OPEN"),
-    ("probe_successes", "probe_successes", "HALF_OPEN probes that succeeded"),
-    ("probe_failures", "probe_failures", "HALF_OPEN probes that failed or were slow"),
-    ("timeouts", "timeouts", "Failures whose exception is a TimeoutError"),
-)
+_COUNTERS = EXPORTED_COUNTERS  # the Prometheus collector's, field for field
 
 # (BulkheadMetrics field, description) of a bulkhead's counters and gauges.
 _BULKHEAD_COUNTERS = (

@@ -88,7 +88,7 @@ except ImportError as exc:  # pragma: no cover - tested in a subprocess
     ) from exc
 
 from .._errors import State
-from .._metrics import Latency
+from .._metrics import EXPORTED_COUNTERS, Latency
 
 __all__ = ["BreakerCollector"]
 
@@ -101,22 +101,7 @@ _STATES = tuple(State)
 _SHED_REASONS = ("queue_full", "too_old", "priority", "deadline")
 _STATE_LABEL = {s: s.name.lower() for s in State}
 
-# (Metrics field, metric name part, help text) of the cumulative call counters.
-_COUNTERS = (
-    ("permitted", "permitted", "Calls admitted"),
-    ("rejected", "rejected", "Calls rejected without being made"),
-    ("successes", "successes", "Calls that succeeded (slow ones included)"),
-    ("failures", "failures", "Calls that failed"),
-    ("slow_calls", "slow_calls", "Successful calls slower than slow_call_duration"),
-    ("ignored", "ignored", "Calls with a neutral outcome (ignored or cancelled)"),
-    ("stale", "stale", "Outcomes that arrived after a later state change"),
-    ("opened", "trips", "Transitions into OPEN"),
-    ("would_reject", "would_reject", "Calls a dry_run breaker admitted instead of rejecting"),
-    ("open_seconds_total", "open_seconds", "Seconds spent OPEN"),
-    ("probe_successes", "probe_successes", "HALF_OPEN probes that succeeded"),
-    ("probe_failures", "probe_failures", "HALF_OPEN probes that failed or were slow"),
-    ("timeouts", "timeouts", "Failures whose exception is a TimeoutError"),
-)
+_COUNTERS = EXPORTED_COUNTERS
 
 
 def _latency_family() -> HistogramMetricFamily:
