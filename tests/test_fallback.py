@@ -12,13 +12,12 @@ import gc
 import inspect
 import itertools
 import logging
-import sysconfig
 import threading
-import tracemalloc
 import warnings
 from typing import Any, Callable
 
 import pytest
+from memory_support import assert_flat, not_on_free_threading
 
 import fastbreaker
 
@@ -811,26 +810,7 @@ def test_a_clock_returning_a_bad_value_is_named(fb) -> None:
 
 
 # -- memory ---------------------------------------------------------------------------------
-def measure_growth(step: Callable[[], Any], n: int, *, warmup: int = 200) -> int:
-    """Traced bytes still allocated after ``n`` calls of ``step()`` (as tests/test_memory_growth)."""
-    for _ in range(warmup):
-        step()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for _ in range(n):
-            step()
-        gc.collect()
-        return tracemalloc.get_traced_memory()[0] - base
-    finally:
-        tracemalloc.stop()
-
-
-@pytest.mark.skipif(
-    bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-    reason="free-threaded CPython defers frees (QSBR): tracemalloc growth is not ours there",
-)
+@not_on_free_threading
 def test_distinct_keys_keep_memory_flat(fb, clock) -> None:
     fail = [False]
 
@@ -850,10 +830,7 @@ def test_distinct_keys_keep_memory_flat(fb, clock) -> None:
         get(key)  # served stale
 
     small, large = 2_000, 20_000
-    small_growth = measure_growth(step, small)
-    large_growth = measure_growth(step, large)
-    per = (large_growth - small_growth) / (large - small)
-    assert per < 2.0, f"{small_growth} B after {small} steps, {large_growth} B after {large}"
+    assert_flat(step, small, large)
     m = get.metrics()
     assert m.calls == 2 * (small + large + 400) and m.stale_served == small + large + 400
     fail[0] = True

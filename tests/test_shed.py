@@ -8,17 +8,15 @@ CoDel's sojourn times with a FakeClock and wait for states by yielding, never by
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import random
-import sysconfig
 import threading
 import time
-import tracemalloc
 import types
 from typing import Any, Optional
 
 import pytest
+from memory_support import ameasure_growth, not_on_free_threading
 
 from fastbreaker.testing import FakeClock
 
@@ -633,10 +631,7 @@ def test_load_shed_error_is_neutral_and_never_retried(fb: types.SimpleNamespace)
 # --- memory -------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-    reason="free-threaded CPython defers frees (QSBR): tracemalloc growth is not ours there",
-)
+@not_on_free_threading
 async def test_long_runs_of_queued_and_shed_requests_do_not_grow_memory(
     fb: types.SimpleNamespace, clock: FakeClock
 ) -> None:
@@ -659,18 +654,7 @@ async def test_long_runs_of_queued_and_shed_requests_do_not_grow_memory(
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def measure(n: int) -> int:
-        for _ in range(100):
-            await step()
-        gc.collect()
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            for _ in range(n):
-                await step()
-            gc.collect()
-            return tracemalloc.get_traced_memory()[0] - base
-        finally:
-            tracemalloc.stop()
+        return await ameasure_growth(step, n, warmup=100)
 
     small, large = await measure(200), await measure(1400)
     per = (large - small) / 1200
