@@ -242,7 +242,7 @@ def is_uninitialised(value: object) -> bool:
     return type(value) is Uninitialised
 
 
-def exception_matcher(on: object) -> Callable[[Exception], bool]:
+def exception_matcher(on: Any) -> Callable[[Exception], bool]:
     """``on`` (an ``Exception`` subclass, a non-empty tuple of them, or a predicate
     ``exc -> bool``) as a predicate: what ``retry(on=...)``, ``fallback(on=...)`` and
     ``stale_on_error(on=...)`` match. A ``BaseException`` that is not an ``Exception`` is never
