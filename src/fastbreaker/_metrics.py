@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from ._errors import State
 
@@ -81,3 +81,19 @@ class Metrics:
     probe_failures: int = 0
     timeouts: int = 0
     latency: Optional[Latency] = None
+
+
+def non_closed_keys(breakers: Any) -> list[tuple[str, Any]]:
+    """``(str(key), state)`` of each key of a ``BreakerMap`` that is not CLOSED, in ``str(key)``
+    order (so that exporters bounding their per-key series pick the same keys every time), one
+    per ``str(key)`` (1 and "1" would give duplicate series: the first one wins)."""
+    from ._errors import State
+
+    found: list[tuple[str, Any]] = []
+    for key in breakers.open_keys():
+        breaker = breakers.get(key)
+        state = State(breaker.state) if breaker is not None else State.CLOSED
+        if state != State.CLOSED:  # it may have closed since open_keys() looked
+            found.append((str(key), state))
+    found.sort()
+    return [kv for i, kv in enumerate(found) if i == 0 or kv[0] != found[i - 1][0]]

@@ -114,7 +114,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, final
 
 from .._errors import State
-from .._metrics import EXPORTED_COUNTERS
+from .._metrics import EXPORTED_COUNTERS, non_closed_keys
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import (
@@ -282,19 +282,8 @@ class _Reader:
 
     def _map_view(self, label: str, breakers: BreakerMap) -> _MapView:
         m = breakers.metrics()
-        # One series per key that is not CLOSED, at most max_key_series of them: the first in
-        # str(key) order, so that the same keys are chosen from one collection to the next.
-        not_closed: list[tuple[str, State]] = []
-        for key in breakers.open_keys():
-            breaker = breakers.get(key)
-            state = State(breaker.state) if breaker is not None else State.CLOSED
-            if state != State.CLOSED:  # it may have closed since open_keys() looked
-                not_closed.append((str(key), state))
-        not_closed.sort()
-        # Keys with equal str() (1 and "1") would give duplicate series: the first one wins.
-        not_closed = [
-            kv for i, kv in enumerate(not_closed) if i == 0 or kv[0] != not_closed[i - 1][0]
-        ]
+        # One series per key that is not CLOSED, at most max_key_series of them.
+        not_closed = non_closed_keys(breakers)
         shown = not_closed[: self._max_key_series]
         return _MapView(label, m, shown, len(not_closed) - len(shown))
 

@@ -88,7 +88,7 @@ except ImportError as exc:  # pragma: no cover - tested in a subprocess
     ) from exc
 
 from .._errors import State
-from .._metrics import EXPORTED_COUNTERS, Latency
+from .._metrics import EXPORTED_COUNTERS, Latency, non_closed_keys
 
 __all__ = ["BreakerCollector"]
 
@@ -406,19 +406,8 @@ class BreakerCollector:
         f["map_untracked"].add_metric([name], getattr(m, "untracked", 0))
         for field, _, _ in _COUNTERS:
             f[f"map_{field}"].add_metric([name], getattr(m, field))
-        # One series per key that is not CLOSED, at most max_key_series of them: the first in
-        # str(key) order, so that the same keys are chosen from one scrape to the next.
-        not_closed: list[tuple[str, State]] = []
-        for key in breakers.open_keys():
-            breaker = breakers.get(key)
-            state = State(breaker.state) if breaker is not None else State.CLOSED
-            if state != State.CLOSED:  # it may have closed since open_keys() looked
-                not_closed.append((str(key), state))
-        not_closed.sort()
-        # Keys with equal str() (1 and "1") would give duplicate series: the first one wins.
-        not_closed = [
-            kv for i, kv in enumerate(not_closed) if i == 0 or kv[0] != not_closed[i - 1][0]
-        ]
+        # One series per key that is not CLOSED, at most max_key_series of them.
+        not_closed = non_closed_keys(breakers)
         shown = not_closed[: self._max_key_series]
         for label, state in shown:
             f["map_key_state"].add_metric([name, label, _STATE_LABEL[state]], 1.0)
