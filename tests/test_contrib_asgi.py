@@ -40,10 +40,12 @@ class Gate:
     def __init__(self) -> None:
         self.entered = threading.Event()
         self.open = threading.Event()
+        self.left = threading.Event()  # set once the middleware has given the slot back
 
     def reset(self) -> None:
         self.entered.clear()
         self.open.clear()
+        self.left.clear()
 
 
 def make_app(gate: Gate) -> Starlette:
@@ -102,7 +104,15 @@ def serve(app: Any) -> Iterator[str]:
 def site(fb: types.SimpleNamespace) -> Iterator[types.SimpleNamespace]:
     gate = Gate()
     shedder = fb.LoadShedder(fb.Bulkhead(1), max_queue=0, name="api")
-    app = LoadSheddingMiddleware(make_app(gate), shedder)
+    shedding = LoadSheddingMiddleware(make_app(gate), shedder)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        # The client can read the response before the middleware returns (and releases the
+        # slot): the test waits for this event, set after it has returned.
+        await shedding(scope, receive, send)
+        if scope.get("path") == "/work":
+            gate.left.set()
+
     with serve(app) as url:
         yield types.SimpleNamespace(url=url, gate=gate, shedder=shedder)
     gate.open.set()
@@ -135,6 +145,7 @@ def test_a_full_shedder_answers_503_with_retry_after_and_never_runs_the_app(site
         site.gate.open.set()
         t.join(TIMEOUT)
     assert got[0].status_code == 200 and got[0].text == "done"
+    assert site.gate.left.wait(TIMEOUT)
     m = site.shedder.metrics()
     assert (m.admitted, m.shed_queue_full, m.in_flight, m.queue_len) == (1, 1, 0, 0)
     # the slot is free again: the next request runs
