@@ -36,9 +36,12 @@ from ._fallback import FallbackMetrics, fallback, stale_on_error
 from ._map import BreakerMap, MapMetrics
 from ._metrics import Latency
 from ._priority import Priority, current_priority, priority
+from ._region import default_class as _region_default
 from ._retry import retry, retrying
 from ._shed import LoadShedder, ShedderMetrics
 from ._version import __version__ as __version__
+
+SharedRegion = _region_default()
 
 
 def get_include() -> str:
@@ -68,6 +71,7 @@ __all__ = [
     "Priority",
     "RetryBudget",
     "ShedderMetrics",
+    "SharedRegion",
     "State",
     "current_deadline",
     "current_priority",

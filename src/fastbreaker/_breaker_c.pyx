@@ -24,6 +24,7 @@ from fractions import Fraction
 
 from . import _calls
 import contextvars as _contextvars
+import os as _os
 import inspect as _inspect
 from ._options import BreakerOptions, class_signature
 
@@ -53,6 +54,11 @@ cdef extern from "_fb_atomic.h" nogil:
     void *fb_load_ptr(void **p)
     void fb_store_ptr(void **p, void *v)
 
+cdef extern from "_fb_process.h" nogil:
+    int64_t fb_getpid()
+    bint fb_process_gone(int64_t pid)
+    void fb_stall(int fd)
+
 cdef extern from "_fb_breaker.h" nogil:
     ctypedef struct group_t "fb_group_t":
         int64_t open, size, suppressed, num, den
@@ -64,21 +70,27 @@ cdef extern from "_fb_breaker.h" nogil:
         int use_c_clock
         int dry_run
         int timed
+        int64_t nlat
         group_t *group
         void *owner
     ctypedef struct window_t "fb_window_t":
         int64_t agg, head
         int64_t slots[1]
     ctypedef struct extra_t "fb_extra_t":
-        int64_t *lat
         int64_t opened, would_reject, open_ns, probe_ok, probe_failed, timeouts
         int64_t open_from, fleet_gen
-    ctypedef struct core_t "fb_breaker_t":
+        int64_t lat[1]
+    ctypedef struct state_t "fb_state_t":
         int64_t word, gen_hi, since_ns, consec
+        int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale
+    ctypedef struct claim_t "fb_claim_t":
+        int64_t word, pid, ns
+    ctypedef struct core_t "fb_breaker_t":
+        state_t *s
         window_t *win
         config_t *cfg
         extra_t *x
-        int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale
+        state_t own
 
 # The config pointer is swapped (BreakerMap) while other threads read it: atomic accesses.
 cdef inline config_t *cfg_of(core_t *b) noexcept nogil:
@@ -96,7 +108,7 @@ cdef extra_t *x_need(core_t *b) noexcept nogil:
     cdef int64_t expected = 0
     if x != NULL:
         return x
-    x = <extra_t *>fb_raw_calloc(1, sizeof(extra_t))
+    x = <extra_t *>fb_raw_calloc(1, sizeof(extra_t) + cfg_of(b).nlat * sizeof(int64_t))
     if x == NULL:
         return NULL
     if fb_cas_strong(<int64_t *>&b.x, &expected, <int64_t>x):
@@ -164,7 +176,7 @@ cdef inline int64_t w_gen(int64_t w) noexcept nogil:
 # of the word: a reader never pairs a new word with an old gen_hi. (It can pair an old word with
 # a newer gen_hi; that permit matches no generation, and rightly, since a transition happened.)
 cdef inline int64_t full_gen(core_t *b, int64_t w) noexcept nogil:
-    return (fb_load_rlx(&b.gen_hi) << GEN_BITS) | w_gen(w)
+    return (fb_load_rlx(&b.s.gen_hi) << GEN_BITS) | w_gen(w)
 
 cdef inline int64_t w_inflight(int64_t w) noexcept nogil:
     return (w >> INFL_SHIFT) & FIELD16
@@ -197,6 +209,81 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
         return fb_monotonic_ns()
     return -1
 
+# -- claims of a shared breaker (SharedRegion) ------------------------------------------------------
+# A process can be killed while it holds the busy bit. So a shared breaker's claimer records the
+# busy word it claimed, its pid and the time right after its claiming CAS (fb_claim_t, after the
+# state block), and a process that finds the word busy may take the claim over: when the
+# recorded owner no longer exists and the claim is CLAIM_DEAD_NS old, or when no owner was ever
+# recorded (the claimer died between its CAS and the record) and it is CLAIM_UNKNOWN_NS old. The
+# first process to see a claim without its record starts that clock by writing one. Taking over
+# rolls the transition back: one CAS puts back the word from before the claim. What the dead
+# claimer wrote before publishing is harmless there: a trip or probe time (the state it would
+# have left keeps its own), a window cleared early, gen_hi one ahead (its permits go stale), and
+# an episode counted in `opened`. A live owner is never taken over, however long it holds on.
+cdef int64_t CLAIM_DEAD_NS = 10_000_000        # 10 ms
+cdef int64_t CLAIM_UNKNOWN_NS = 1_000_000_000  # 1 s
+
+cdef int64_t fb_pid = 0            # this process (refreshed after a fork)
+cdef int64_t fb_claim_shift = 0    # tests: added to the claim clock (an injected clock)
+cdef int fb_stall_fd = -1          # tests: stall inside the next claimed transition
+
+cdef inline bint is_shared(core_t *b) noexcept nogil:
+    return b.s != &b.own
+
+cdef inline claim_t *claim_of(core_t *b) noexcept nogil:
+    return <claim_t *>(b.s + 1)
+
+cdef inline int64_t claim_now() noexcept nogil:
+    return fb_monotonic_ns() + fb_claim_shift
+
+# The claiming CAS of every transition: busy bit on, and for a shared breaker the record.
+cdef inline bint claim_cas(core_t *b, int64_t *w) noexcept nogil:
+    cdef claim_t *rec
+    if not fb_cas(&b.s.word, w, w[0] | BUSY):
+        return False
+    if is_shared(b):
+        rec = claim_of(b)
+        fb_store_rlx(&rec.pid, fb_pid)
+        fb_store_rlx(&rec.ns, claim_now())
+        fb_store_rel(&rec.word, w[0] | BUSY)
+    return True
+
+cdef bint take_over(core_t *b, int64_t w) noexcept nogil:
+    """For a reader of a shared breaker that found `w` busy: whether it rolled the claim back."""
+    cdef claim_t *rec = claim_of(b)
+    cdef int64_t now = claim_now(), age, pid
+    if fb_load_acq(&rec.word) != w:
+        fb_store_rlx(&rec.pid, 0)
+        fb_store_rlx(&rec.ns, now)
+        fb_store_rel(&rec.word, w)
+        return False
+    age = now - fb_load_rlx(&rec.ns)
+    pid = fb_load_rlx(&rec.pid)
+    if pid != 0:
+        if age < CLAIM_DEAD_NS or not fb_process_gone(pid):
+            return False
+    elif age < CLAIM_UNKNOWN_NS:
+        return False
+    return fb_cas_strong(&b.s.word, &w, w & ~(<int64_t>BUSY))
+
+def _test_stall_in_claim(int fd):
+    """Tests: the next transition of a shared breaker writes one byte to ``fd``, then never
+    returns (a test kills the process there); -1 turns it off."""
+    global fb_stall_fd
+    fb_stall_fd = fd
+
+def _test_claim_clock_shift(int64_t ns):
+    """Tests: move this process's claim clock forward by ``ns`` (claims look that much older)."""
+    global fb_claim_shift
+    fb_claim_shift = ns
+
+def _refresh_pid():
+    global fb_pid
+    fb_pid = fb_getpid()
+
+_refresh_pid()
+_os.register_at_fork(after_in_child=_refresh_pid)
+
 # The one place where the state changes (the twin's CircuitBreaker._enter). The caller has
 # claimed word `w` (BUSY set by its CAS); this writes what the new state needs (the group's count
 # of non-CLOSED breakers, the trip or probe time, the cleared window) and then publishes the new
@@ -207,7 +294,7 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
 cdef int64_t transition(core_t *b, int64_t w, int new, int64_t now, int64_t inflight,
                         int64_t level, bint reserved, int *trans) noexcept nogil:
     cdef int old = w & ST_MASK
-    cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.gen_hi), since
+    cdef int64_t gen = (w_gen(w) + 1) & GEN_MASK, hi = fb_load_rlx(&b.s.gen_hi), since
     cdef extra_t *x
     if (old == S_CLOSED) != (new == S_CLOSED) and not reserved:
         group_open_add(b, 1 if old == S_CLOSED else -1)
@@ -218,38 +305,42 @@ cdef int64_t transition(core_t *b, int64_t w, int new, int64_t now, int64_t infl
             if now > since:
                 fb_add(&x.open_ns, now - since)
     if new == S_OPEN:
-        fb_store_rlx(&b.since_ns, now)
+        fb_store_rlx(&b.s.since_ns, now)
         x = x_need(b)
         if x != NULL:
             fb_store_rlx(&x.open_from, now)
             fb_add(&x.opened, 1)
     elif new == S_HALF_OPEN:
-        fb_store_rlx(&b.since_ns, now)
+        fb_store_rlx(&b.s.since_ns, now)
     elif new == S_CLOSED:
         clear_window(b, gen)
+    if fb_stall_fd >= 0 and is_shared(b):
+        fb_stall(fb_stall_fd)
     if gen == 0:
         hi += 1
-        fb_store_rlx(&b.gen_hi, hi)
-    fb_store_rel(&b.word, make_word(new, gen, inflight, 0, level))
+        fb_store_rlx(&b.s.gen_hi, hi)
+    fb_store_rel(&b.s.word, make_word(new, gen, inflight, 0, level))
     trans[0] = trans_code(old, new, gen)
     return (hi << GEN_BITS) | gen
 
 
 # Claim the word for a manual transition (spins only while another claim is in progress).
 cdef inline int64_t claim(core_t *b) noexcept nogil:
-    cdef int64_t w = fb_load_acq(&b.word)
+    cdef int64_t w = fb_load_acq(&b.s.word)
     while True:
         if w & BUSY:
-            w = fb_load_acq(&b.word)
+            if is_shared(b):
+                take_over(b, w)
+            w = fb_load_acq(&b.s.word)
             continue
-        if fb_cas(&b.word, &w, w | BUSY):
+        if claim_cas(b, &w):
             return w
 
 cdef inline void clear_window(core_t *b, int64_t new_gen) noexcept nogil:
     cdef window_t *win = cw_of(b)
     cdef int64_t *tw = tw_of(b)
     cdef int64_t i, nwords
-    fb_store_rlx(&b.consec, (new_gen & GEN_MASK) << CONSEC_SHIFT)
+    fb_store_rlx(&b.s.consec, (new_gen & GEN_MASK) << CONSEC_SHIFT)
     if tw != NULL:
         for i in range(cfg_of(b).buckets + 1):
             fb_store_rlx(&tw[i], 0)
@@ -275,9 +366,9 @@ cdef enum:
 
 # -- admission -------------------------------------------------------------------------------
 cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
-    cdef int64_t w = fb_load_acq(&b.word)
+    cdef int64_t w = fb_load_acq(&b.s.word)
     if (w & (ST_MASK | BUSY)) == S_CLOSED:
-        fb_add(&b.permitted, 1)
+        fb_add(&b.s.permitted, 1)
         return full_gen(b, w)
     return acquire_slow(b, now, trans)
 
@@ -286,49 +377,54 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
     cdef extra_t *x
     cdef int st
     cdef config_t *c = cfg_of(b)
-    w = fb_load_acq(&b.word)
+    w = fb_load_acq(&b.s.word)
     while True:
         st = w & ST_MASK
-        if w & BUSY or st == S_ISOLATED:
+        if w & BUSY:
+            if is_shared(b) and take_over(b, w):
+                w = fb_load_acq(&b.s.word)
+                continue
+            break
+        if st == S_ISOLATED:
             break
         gen = w_gen(w)
         if st == S_CLOSED:
-            fb_add(&b.permitted, 1)
+            fb_add(&b.s.permitted, 1)
             return full_gen(b, w)
         now = resolve_now(b, now)
         if now < 0:
             return FB_NEED_CLOCK_
-        since = fb_load_rlx(&b.since_ns)
+        since = fb_load_rlx(&b.s.since_ns)
         if st == S_OPEN:
             if now - since < open_period(c, w_level(w)):
                 break
-            if not fb_cas(&b.word, &w, w | BUSY):
+            if not claim_cas(b, &w):
                 continue
             gen = transition(b, w, S_HALF_OPEN, now, 1, w_level(w), False, trans)
-            fb_add(&b.permitted, 1)
+            fb_add(&b.s.permitted, 1)
             return gen  # this caller is the first probe of the generation it published
         # HALF_OPEN
         inflight = w_inflight(w)
         if inflight and now - since >= opt(&c.probe_timeout_ns):
             # every outstanding probe counts as failed: re-open with backoff
-            if not fb_cas(&b.word, &w, w | BUSY):
+            if not claim_cas(b, &w):
                 continue
             transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
             break
         if inflight >= opt(&c.half_open_max):
             break
-        fb_max(&b.since_ns, now)
-        if fb_cas(&b.word, &w, w + ((<int64_t>1) << INFL_SHIFT)):
-            fb_add(&b.permitted, 1)
+        fb_max(&b.s.since_ns, now)
+        if fb_cas(&b.s.word, &w, w + ((<int64_t>1) << INFL_SHIFT)):
+            fb_add(&b.s.permitted, 1)
             trans[0] = trans_code(S_HALF_OPEN, S_HALF_OPEN, gen)
             return full_gen(b, w)
     if c.dry_run:
         x = x_need(b)
         if x != NULL:
             fb_add(&x.would_reject, 1)
-        fb_add(&b.permitted, 1)
+        fb_add(&b.s.permitted, 1)
         return DRY_RUN_PERMIT
-    fb_add(&b.rejected, 1)
+    fb_add(&b.s.rejected, 1)
     return FB_REJECTED_
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -341,54 +437,54 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
     cdef bint timeout = outcome == FB_TIMEOUT
     if timeout:
         outcome = FB_FAILURE
-    w = fb_load_acq(&b.word)
+    w = fb_load_acq(&b.s.word)
     while True:
         st = w & ST_MASK
         gen = w_gen(w)
         if permit != full_gen(b, w) or (w & BUSY) or st == S_OPEN or st == S_ISOLATED:
-            fb_add(&b.stale, 1)
+            fb_add(&b.s.stale, 1)
             return 0
         if st == S_CLOSED:
             return release_closed(b, permit, outcome, timeout, now, trans)
         # HALF_OPEN: a probe reports
         if w_inflight(w) == 0:
-            fb_add(&b.stale, 1)
+            fb_add(&b.s.stale, 1)
             return 0
         if outcome == FB_NEUTRAL:
-            if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT)):
-                fb_add(&b.ignored, 1)
+            if fb_cas(&b.s.word, &w, w - ((<int64_t>1) << INFL_SHIFT)):
+                fb_add(&b.s.ignored, 1)
                 return 0
             continue
         if outcome == FB_FAILURE or outcome == FB_SLOW:
             now = resolve_now(b, now)
             if now < 0:
                 return FB_NEED_CLOCK_
-            if not fb_cas(&b.word, &w, w | BUSY):
+            if not claim_cas(b, &w):
                 continue
             x = x_need(b)
             if outcome == FB_FAILURE:
-                fb_add(&b.failures, 1)
+                fb_add(&b.s.failures, 1)
                 if timeout and x != NULL:
                     fb_add(&x.timeouts, 1)
             else:
-                fb_add(&b.successes, 1)
-                fb_add(&b.slow_calls, 1)
+                fb_add(&b.s.successes, 1)
+                fb_add(&b.s.slow_calls, 1)
             if x != NULL:
                 fb_add(&x.probe_failed, 1)
             transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
             return 0
         ok = w_ok(w) + 1
         if ok >= opt(&c.success_threshold):
-            if not fb_cas(&b.word, &w, w | BUSY):
+            if not claim_cas(b, &w):
                 continue
-            fb_add(&b.successes, 1)
+            fb_add(&b.s.successes, 1)
             x = x_need(b)
             if x != NULL:
                 fb_add(&x.probe_ok, 1)
             transition(b, w, S_CLOSED, 0, 0, 0, False, trans)
             return 0
-        if fb_cas(&b.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
-            fb_add(&b.successes, 1)
+        if fb_cas(&b.s.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
+            fb_add(&b.s.successes, 1)
             x = x_need(b)
             if x != NULL:
                 fb_add(&x.probe_ok, 1)
@@ -403,7 +499,7 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
     cdef int64_t cur, count, tag, gen = permit & GEN_MASK
     cdef extra_t *x
     if outcome == FB_NEUTRAL:
-        fb_add(&b.ignored, 1)
+        fb_add(&b.s.ignored, 1)
         return 0
     failed = outcome == FB_FAILURE
     slow = outcome == FB_SLOW
@@ -413,20 +509,20 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
         if now < 0:
             return FB_NEED_CLOCK_
         if not twindow_record(tw, c, now, failed, slow):
-            fb_add(&b.stale, 1)
+            fb_add(&b.s.stale, 1)
             return 0
     if failed:
-        fb_add(&b.failures, 1)
+        fb_add(&b.s.failures, 1)
         if timeout:
             x = x_need(b)
             if x != NULL:
                 fb_add(&x.timeouts, 1)
     else:
-        fb_add(&b.successes, 1)
+        fb_add(&b.s.successes, 1)
         if slow:
-            fb_add(&b.slow_calls, 1)
+            fb_add(&b.s.slow_calls, 1)
     # consecutive failures, tagged with the generation (an older tag counts as zero)
-    cur = fb_load_rlx(&b.consec)
+    cur = fb_load_rlx(&b.s.consec)
     tag = gen << CONSEC_SHIFT
     if failed or (slow and not windowed):
         while True:
@@ -437,12 +533,12 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
             else:
                 count = 0  # a newer generation owns the counter: this outcome is late
                 break
-            if fb_cas_strong(&b.consec, &cur, tag | count):
+            if fb_cas_strong(&b.s.consec, &cur, tag | count):
                 break
         if not windowed and count >= opt(&c.failure_threshold):
             trip = True
     elif (cur >> CONSEC_SHIFT) == gen and (cur & CONSEC_MASK) != 0:
-        fb_cas_strong(&b.consec, &cur, tag)
+        fb_cas_strong(&b.s.consec, &cur, tag)
     if b.win != NULL and tw == NULL:
         trip = window_record(b, 2 if failed else (3 if slow else 1))
     elif tw != NULL and (failed or slow):
@@ -538,7 +634,7 @@ cdef int trip_auto(core_t *b, int64_t permit, int64_t now, int *trans) noexcept 
     now = resolve_now(b, now)
     if now < 0:
         return NEED_TRIP
-    w = fb_load_acq(&b.word)
+    w = fb_load_acq(&b.s.word)
     if w != make_word(S_CLOSED, permit, 0, 0, 0) or full_gen(b, w) != permit:
         return 0
     if g != NULL:
@@ -550,7 +646,7 @@ cdef int trip_auto(core_t *b, int64_t permit, int64_t now, int *trans) noexcept 
                 return 0
             if fb_cas_strong(&g.open, &cur, cur + 1):
                 break
-    if not fb_cas(&b.word, &w, w | BUSY):
+    if not claim_cas(b, &w):
         if g != NULL:
             fb_add(&g.open, -1)
         return 0
@@ -568,7 +664,7 @@ cdef inline int64_t max_open(group_t *g) noexcept nogil:
 
 # Raw outcomes belong to the current generation when it can take them.
 cdef inline int64_t raw_permit(core_t *b) noexcept nogil:
-    cdef int64_t w = fb_load_acq(&b.word)
+    cdef int64_t w = fb_load_acq(&b.s.word)
     cdef int st = w & ST_MASK
     if st == S_CLOSED or (st == S_HALF_OPEN and w_inflight(w)):
         return full_gen(b, w)
@@ -580,7 +676,7 @@ cdef int manual(core_t *b, int target, int64_t now) noexcept nogil:
     cdef int64_t w = claim(b)
     cdef int trans = 0
     if target == S_OPEN and (w & ST_MASK) == S_ISOLATED:
-        fb_store_rel(&b.word, w)  # release the claim unchanged
+        fb_store_rel(&b.s.word, w)  # release the claim unchanged
         return 0
     transition(b, w, target, now, 0, 0 if target == S_CLOSED else w_level(w), False, &trans)
     return trans
@@ -598,9 +694,9 @@ cdef int64_t fb_breaker_acquire(fb_breaker_t *b, int64_t now) noexcept nogil:
 
 cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil:
     cdef core_t *c = <core_t *>b
-    cdef int64_t w = fb_load_acq(&c.word)
+    cdef int64_t w = fb_load_acq(&c.s.word)
     if (w & (ST_MASK | BUSY)) == S_CLOSED:
-        fb_add(&c.permitted, 1)
+        fb_add(&c.s.permitted, 1)
         return full_gen(c, w)
     return FB_REJECTED_
 
@@ -638,7 +734,7 @@ cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs):
                        len(args), NULL, kwargs)
 
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
-    return fb_load_acq(&(<core_t *>b).word) & ST_MASK
+    return fb_load_acq(&(<core_t *>b).s.word) & ST_MASK
 
 
 # -- Python objects --------------------------------------------------------------------------------
@@ -704,6 +800,7 @@ cdef class Config:
     cdef public list listeners
     cdef public bint shared
     cdef public list retired  # configs this one replaced on some breaker (see _set_config)
+    cdef public object region_view  # a shared breaker's block: keeps the region mapped
 
     def __init__(self, options, group=None, hook=None):
         if self.c.owner != NULL:
@@ -735,6 +832,7 @@ cdef class Config:
         self.c.buckets = options.window_buckets
         self.c.dry_run = options.dry_run
         self.c.timed = options.timed
+        self.c.nlat = len(options.latency_bounds_ns) + 2 if options.timed else 0
         self.c.use_c_clock = options.clock is None
         self.c.group = &(<Group>group).g if group is not None else NULL
         self.c.owner = <void *>self
@@ -743,6 +841,7 @@ cdef class Config:
         """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
         cdef Config other = Config(self.options, self.group if keep_group else None, self.hook)
         other.listeners = list(self.listeners)
+        other.region_view = self.region_view
         return other
 
     def reconfigure(self, options):
@@ -1037,7 +1136,8 @@ cdef class CircuitBreaker:
     def __cinit__(self, *args, **kwargs):
         # Until __init__ (or _from_config) has run, the busy bit sends every path to a check
         # that raises; a CLOSED fast path would otherwise admit a call into a NULL config.
-        self.st.word = BUSY
+        self.st.s = &self.st.own
+        self.st.s.word = BUSY
 
     def __init__(self, *args, **options):
         """Every option is documented, validated and spelled out once: ``BreakerOptions``."""
@@ -1045,6 +1145,12 @@ cdef class CircuitBreaker:
             raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
         validated = BreakerOptions(*args, **options)
         setup(self, Config(validated), validated.name)
+
+    @classmethod
+    def _shared(cls, Config config not None, label, view, lock=None):
+        """A breaker whose state is the block ``view`` of a SharedRegion (``shared_init``
+        laid it out); ``lock`` is for the twin, which needs one."""
+        return attach_shared(config, label, view)
 
     @classmethod
     def _from_config(cls, Config config not None, label):
@@ -1055,14 +1161,14 @@ cdef class CircuitBreaker:
 
     def __dealloc__(self):
         cdef config_t *c = cfg_of(&self.st)
-        if self.st.win != NULL:
-            PyMem_Free(<void *>(<uintptr_t>self.st.win & ~(<uintptr_t>1)))
-            self.st.win = NULL
         cdef extra_t *x = self.st.x
-        if x != NULL:
-            PyMem_Free(x.lat)
-            fb_raw_free(x)
-            self.st.x = NULL
+        if self.st.s == &self.st.own:  # a shared breaker's blocks belong to its region
+            if self.st.win != NULL:
+                PyMem_Free(<void *>(<uintptr_t>self.st.win & ~(<uintptr_t>1)))
+            if x != NULL:
+                fb_raw_free(x)
+        self.st.win = NULL
+        self.st.x = NULL
         if c != NULL:
             fb_store_ptr(<void **>&self.st.cfg, NULL)
             Py_DECREF(<object>c.owner)
@@ -1114,24 +1220,24 @@ cdef class CircuitBreaker:
         breaker). The swap happens under a claim of the state word, so a trip either sees the
         old config throughout or the new one. Returns whether it swapped."""
         live(self)
-        cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t w = fb_load_acq(&self.st.s.word)
         while True:
             if (w & (ST_MASK | BUSY)) != S_CLOSED:
                 return False
-            if fb_cas(&self.st.word, &w, w | BUSY):
+            if claim_cas(&self.st, &w):
                 break
         # While claimed, admissions are rejected, so the permit count cannot grow under the
         # check. (An admission that read the word just before the claim may still add its
         # permit after it: only without the GIL, which this Python method holds otherwise.)
-        if not in_flight_ok and fb_load_acq(&self.st.permitted) > (
-                fb_load_acq(&self.st.successes) + fb_load_acq(&self.st.failures)
-                + fb_load_acq(&self.st.ignored) + fb_load_acq(&self.st.stale)):
-            fb_store_rel(&self.st.word, w)
+        if not in_flight_ok and fb_load_acq(&self.st.s.permitted) > (
+                fb_load_acq(&self.st.s.successes) + fb_load_acq(&self.st.s.failures)
+                + fb_load_acq(&self.st.s.ignored) + fb_load_acq(&self.st.s.stale)):
+            fb_store_rel(&self.st.s.word, w)
             return False
         try:
             self._set_config(config)
         finally:
-            fb_store_rel(&self.st.word, w)
+            fb_store_rel(&self.st.s.word, w)
         return True
 
     def _now(self):
@@ -1152,9 +1258,9 @@ cdef class CircuitBreaker:
     @cython.binding(False)
     def allow(self):
         """Admit one call (True) or reject it (False); the caller reports its outcome."""
-        cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t w = fb_load_acq(&self.st.s.word)
         if (w & (ST_MASK | BUSY)) == S_CLOSED:
-            fb_add(&self.st.permitted, 1)
+            fb_add(&self.st.s.permitted, 1)
             return True
         return acquire_or_reject(self) >= 0
 
@@ -1252,7 +1358,7 @@ cdef class CircuitBreaker:
     def state(self):
         """The stored state (reading it never makes a transition)."""
         live(self)
-        return _STATES[fb_load_acq(&self.st.word) & ST_MASK]
+        return _STATES[fb_load_acq(&self.st.s.word) & ST_MASK]
 
     @property
     def name(self):
@@ -1263,17 +1369,17 @@ cdef class CircuitBreaker:
     def retry_after(self):
         """Seconds until a probe may pass: OPEN, the rest of the open period; ISOLATED, inf."""
         live(self)
-        return retry_after_of(self, fb_load_acq(&self.st.word))
+        return retry_after_of(self, fb_load_acq(&self.st.s.word))
 
     def metrics(self):
         """An immutable snapshot of the counters (with a time window or while OPEN, it reads
         the clock: a failing user clock leaves the current bucket and episode out)."""
         cdef config_t *c = live(self)
-        cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t w = fb_load_acq(&self.st.s.word)
         cdef extra_t *x = x_of(&self.st)
         cdef extra_t zero
         cdef int64_t *tw = tw_of(&self.st)
-        cdef int64_t cur = fb_load_rlx(&self.st.consec), agg, rec = 0, fail = 0, slow = 0
+        cdef int64_t cur = fb_load_rlx(&self.st.s.consec), agg, rec = 0, fail = 0, slow = 0
         cdef int64_t now = 0, open_ns, since
         cdef int64_t sums[3]
         cdef bint closed = (w & ST_MASK) == S_CLOSED
@@ -1292,7 +1398,7 @@ cdef class CircuitBreaker:
         open_ns = fb_load_rlx(&x.open_ns)
         if now < 0:
             now = fb_load_rlx(&tw[0]) * c.bucket_ns if tw != NULL else 0
-        elif (fb_load_acq(&self.st.word) & ST_MASK) == S_OPEN and fb_load_rlx(&x.open_from) == since:
+        elif (fb_load_acq(&self.st.s.word) & ST_MASK) == S_OPEN and fb_load_rlx(&x.open_from) == since:
             open_ns += now - since if now > since else 0
         if win != NULL:
             agg = fb_load_rlx(&win.agg)
@@ -1304,13 +1410,13 @@ cdef class CircuitBreaker:
             rec, fail, slow = sums[0], sums[1], sums[2]
         return Metrics(
             state=_STATES[w & ST_MASK],
-            permitted=fb_load_rlx(&self.st.permitted),
-            rejected=fb_load_rlx(&self.st.rejected),
-            successes=fb_load_rlx(&self.st.successes),
-            failures=fb_load_rlx(&self.st.failures),
-            slow_calls=fb_load_rlx(&self.st.slow_calls),
-            ignored=fb_load_rlx(&self.st.ignored),
-            stale=fb_load_rlx(&self.st.stale),
+            permitted=fb_load_rlx(&self.st.s.permitted),
+            rejected=fb_load_rlx(&self.st.s.rejected),
+            successes=fb_load_rlx(&self.st.s.successes),
+            failures=fb_load_rlx(&self.st.s.failures),
+            slow_calls=fb_load_rlx(&self.st.s.slow_calls),
+            ignored=fb_load_rlx(&self.st.s.ignored),
+            stale=fb_load_rlx(&self.st.s.stale),
             opened=fb_load_rlx(&x.opened),
             consecutive_failures=(cur & CONSEC_MASK) if closed and (cur >> CONSEC_SHIFT) == w_gen(w) else 0,
             failure_rate=((<double>fail / rec) if rec > 0 else 0.0) if windowed else None,
@@ -1383,24 +1489,24 @@ cdef class CircuitBreaker:
                     # (open_seconds_total) still begins now, or when the breaker tripped
                     since = now + <int64_t>(seconds * 1e9) - open_period(c, w_level(w))
                     if (w & ST_MASK) == S_OPEN:
-                        fb_store_rlx(&self.st.since_ns, since)
-                        fb_store_rel(&self.st.word, w)
+                        fb_store_rlx(&self.st.s.since_ns, since)
+                        fb_store_rel(&self.st.s.word, w)
                     else:
                         # trip now, then shift the period's start: until the store, a reader
                         # sees a full open period from now (it rejects, as it will after)
                         transition(&self.st, w, S_OPEN, now, 0, w_level(w), False, &trans)
-                        fb_store_rlx(&self.st.since_ns, since)
+                        fb_store_rlx(&self.st.s.since_ns, since)
                 elif state == S_HALF_OPEN:
                     transition(&self.st, w, S_HALF_OPEN, now, hmax - probes, w_level(w), False,
                                &trans)
                 else:
-                    fb_store_rel(&self.st.word, w)
+                    fb_store_rel(&self.st.s.word, w)
             else:
-                fb_store_rel(&self.st.word, w)  # release the claim unchanged
-        w = fb_load_acq(&self.st.word)
+                fb_store_rel(&self.st.s.word, w)  # release the claim unchanged
+        w = fb_load_acq(&self.st.s.word)
         result = (applied, full_gen(&self.st, w), w & ST_MASK,
-                  fb_load_rlx(&self.st.successes), fb_load_rlx(&self.st.failures),
-                  fb_load_rlx(&self.st.rejected))
+                  fb_load_rlx(&self.st.s.successes), fb_load_rlx(&self.st.s.failures),
+                  fb_load_rlx(&self.st.s.rejected))
         if trans:
             fire(self, trans)
         return result
@@ -1424,27 +1530,75 @@ cdef setup(CircuitBreaker self, Config config, label):
             raise MemoryError()
         self.st.win = <window_t *>(<uintptr_t>tw | 1)
     if config.c.timed:
-        x = x_need(&self.st)
+        x = <extra_t *>fb_raw_calloc(1, sizeof(extra_t) + config.c.nlat * sizeof(int64_t))
         if x == NULL:
             raise MemoryError()
-        x.lat = <int64_t *>PyMem_Calloc(len(config.options.latency_bounds_ns) + 2, sizeof(int64_t))
-        if x.lat == NULL:
-            raise MemoryError()
+        self.st.x = x
     Py_INCREF(config)
     fb_store_ptr(<void **>&self.st.cfg, &config.c)
     self._label = label
-    fb_store_rel(&self.st.word, 0)  # CLOSED, generation 0: usable from here on
+    fb_store_rel(&self.st.s.word, 0)  # CLOSED, generation 0: usable from here on
+
+# -- a breaker in a SharedRegion ----------------------------------------------------------------
+# The block (see _fb_breaker.h): fb_state_t, fb_claim_t, fb_extra_t with its histogram, then the
+# count window (fb_window_t) or the time window's words.
+cdef tuple block_layout(options):
+    cdef Py_ssize_t x_at = sizeof(state_t) + sizeof(claim_t)
+    cdef Py_ssize_t nlat = len(options.latency_bounds_ns) + 2 if options.timed else 0
+    cdef Py_ssize_t win_at = x_at + sizeof(extra_t) + nlat * sizeof(int64_t)
+    cdef Py_ssize_t win_size = 0
+    if options.window:
+        win_size = sizeof(window_t) + ((options.window + 31) >> 5) * sizeof(int64_t)
+    elif options.bucket_ns:
+        win_size = (options.window_buckets + 1) * sizeof(int64_t)
+    return x_at, win_at, win_at + win_size
+
+def shared_size(options):
+    """The bytes of a shared breaker's block (SharedRegion)."""
+    return block_layout(options)[2]
+
+cdef char *view_address(object view, Py_ssize_t need) except NULL:
+    cdef const unsigned char[::1] mv = view
+    if mv.shape[0] < need:
+        raise ValueError(f"the block has {mv.shape[0]} bytes, {need} needed")
+    return <char *>&mv[0]
+
+def shared_init(view, options):
+    """Lay out a new block on zeroed memory: CLOSED, generation 0, an empty window."""
+    x_at, win_at, total = block_layout(options)
+    cdef char *base = view_address(view, total)
+    if options.window:
+        (<window_t *>(base + <Py_ssize_t>win_at)).agg = AGG_ZERO
+
+# The object lives in this process; its state words are the region's. Its config (options,
+# listeners, classification) is this process's own, and keeps the region's mapping alive.
+cdef CircuitBreaker attach_shared(Config config, label, view):
+    cdef CircuitBreaker self = CircuitBreaker.__new__(CircuitBreaker)
+    options = config.options
+    x_at, win_at, total = block_layout(options)
+    cdef char *base = view_address(view, total)
+    config.region_view = view
+    self.st.s = <state_t *>base
+    self.st.x = <extra_t *>(base + <Py_ssize_t>x_at)
+    if options.window:
+        self.st.win = <window_t *>(base + <Py_ssize_t>win_at)
+    elif options.bucket_ns:
+        self.st.win = <window_t *>(<uintptr_t>(base + <Py_ssize_t>win_at) | 1)
+    Py_INCREF(config)
+    fb_store_ptr(<void **>&self.st.cfg, &config.c)
+    self._label = label
+    return self
 
 cdef int64_t episode_end(CircuitBreaker self) except? -1:
     """The time an OPEN episode ends at (reset/isolate), read only while OPEN; else 0."""
     live(self)
-    if (fb_load_acq(&self.st.word) & ST_MASK) == S_OPEN:
+    if (fb_load_acq(&self.st.s.word) & ST_MASK) == S_OPEN:
         return now_of(self)
     return 0
 
 cdef inline int64_t *lat_of(core_t *b) noexcept nogil:
     cdef extra_t *x = x_of(b)
-    return x.lat if x != NULL else NULL
+    return x.lat if x != NULL and cfg_of(b).nlat else NULL
 
 cdef object latency_of(CircuitBreaker self):
     cdef int64_t *lat = lat_of(&self.st)
@@ -1479,7 +1633,7 @@ cdef inline int64_t now_of(CircuitBreaker self) except? -1:
     return _read_clock((<Config>c.owner).options.clock)
 
 cdef double retry_after_of(CircuitBreaker self, int64_t w) except? -1.0:
-    cdef int64_t since = fb_load_rlx(&self.st.since_ns), left
+    cdef int64_t since = fb_load_rlx(&self.st.s.since_ns), left
     cdef int st = w & ST_MASK
     if st == S_ISOLATED:
         return INFINITY
@@ -1496,7 +1650,7 @@ cdef inline object label_of(CircuitBreaker self):
 
 cdef object open_error(CircuitBreaker self):
     live(self)
-    cdef int64_t w = fb_load_acq(&self.st.word)
+    cdef int64_t w = fb_load_acq(&self.st.s.word)
     return CircuitOpenError(label_of(self), _STATES[w & ST_MASK], retry_after_of(self, w))
 
 # A permit, or FB_REJECTED (the caller raises open_error: see call()).

@@ -28,6 +28,7 @@ typedef struct fb_config_s {
     int use_c_clock;
     int dry_run;         /* admit what would be rejected (its permit is stale) */
     int timed;           /* the call paths time calls (slow_call_duration or record_latency) */
+    int64_t nlat;        /* the latency histogram's words (a count per bound, +Inf, the sum), or 0 */
     fb_group_t *group;   /* NULL for a breaker outside a BreakerMap */
     void *owner;         /* the Python Config object that owns this struct */
 } fb_config_t;
@@ -43,25 +44,39 @@ typedef struct fb_window_s {
  * loser frees its copy), so that a healthy CLOSED breaker in a map of 10,000 hosts carries one
  * NULL pointer for all of it. */
 typedef struct fb_extra_s {
-    int64_t *lat;        /* the latency histogram: a count per bound, +Inf, the sum in ns; or NULL */
     int64_t opened, would_reject, open_ns, probe_ok, probe_failed, timeouts;
     int64_t open_from;   /* OPEN: when the episode began (since_ns minus a fleet's shift) */
     int64_t fleet_gen;   /* the last fleet generation applied (written under a claim) */
+    int64_t lat[1];      /* the latency histogram (cfg->nlat words), when timing */
 } fb_extra_t;
 
-typedef struct fb_breaker_s {
+/* The words every admission and outcome changes. A local breaker holds them inline (own); a
+ * breaker in a SharedRegion points at a block of the region, which holds no pointers: the state,
+ * then the claim record (fb_claim_t), then fb_extra_t, then the window. */
+typedef struct fb_state_s {
     int64_t word;        /* state | busy | probes in flight | probe successes | level | generation */
     int64_t gen_hi;      /* the generation's bits above the word's 22: a permit is the full count */
     int64_t since_ns;    /* OPEN: trip time; HALF_OPEN: latest probe admission */
     int64_t consec;      /* generation << 40 | consecutive failures */
+    int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale;
+} fb_state_t;
+
+/* Who holds the busy bit of a shared breaker: the busy word it claimed, its process id and
+ * CLOCK_MONOTONIC ns when it claimed (written right after the claiming CAS). */
+typedef struct fb_claim_s {
+    int64_t word, pid, ns;
+} fb_claim_t;
+
+typedef struct fb_breaker_s {
+    fb_state_t *s;       /* &own, or the state block in a SharedRegion */
     /* The window: NULL in consecutive mode; the count window; or the time window, tagged by its
      * low bit set: tw = (int64_t *)((uintptr_t)win - 1), where tw[0] is the latest epoch a bucket
      * was reset for and tw[1 + i] bucket i, tag (epoch mod 2**22) << 42 | slow << 28 |
      * failed << 14 | recorded, in 14-bit saturating counts. */
     fb_window_t *win;
     fb_config_t *cfg;
-    fb_extra_t *x;       /* NULL until needed (see fb_extra_t) */
-    int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale;
+    fb_extra_t *x;       /* NULL until needed (see fb_extra_t); in a region, its block */
+    fb_state_t own;
 } fb_breaker_t;
 
 #endif

@@ -78,14 +78,15 @@ def implementations() -> dict[str, types.SimpleNamespace]:
     """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
 
     Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
-    ``RetryBudget``, ``BreakerMap``, ``Bulkhead``, ``AdaptiveLimiter`` and ``retry`` taken from that core,
+    ``RetryBudget``, ``BreakerMap``, ``Bulkhead``, ``AdaptiveLimiter``, ``retry`` and ``SharedRegion``
+    taken from that core,
     and ``impl`` naming it. Where ``import fastbreaker`` uses the twin
     (``FASTBREAKER_NO_EXTENSIONS`` set, or an interpreter other than CPython) there is only
     ``"python"``.
     """
     import fastbreaker
 
-    from . import _breaker_py, _budget_py, _bulkhead_py, _map, _select
+    from . import _breaker_py, _budget_py, _bulkhead_py, _map, _region, _select
 
     cores: dict[str, tuple[types.ModuleType, types.ModuleType, types.ModuleType]] = {}
     if _select.COMPILED:
@@ -104,5 +105,6 @@ def implementations() -> dict[str, types.SimpleNamespace]:
         ns.Bulkhead = bulkhead_mod.Bulkhead
         ns.AdaptiveLimiter = bulkhead_mod.AdaptiveLimiter
         ns.retry = _retry.retry_on_core(name)
+        ns.SharedRegion = _region.region_class(name)
         out[name] = ns
     return out

@@ -28,9 +28,11 @@ cdef extern from "_fb_atomic.h" nogil:
 # Test-only peek at the private layout (the public .pxd keeps fb_breaker_t opaque): the stress
 # test reads the state word and the trip time the way the core's own readers do.
 cdef extern from "_fb_breaker.h" nogil:
-    ctypedef struct raw_breaker_t "fb_breaker_t":
+    ctypedef struct raw_state_t "fb_state_t":
         int64_t word
         int64_t since_ns
+    ctypedef struct raw_breaker_t "fb_breaker_t":
+        raw_state_t *s
 
 # The state word's layout, copied from _breaker_c.pyx (test-only knowledge of the internals).
 cdef enum:
@@ -109,8 +111,8 @@ def state(breaker):
 def raw_state(breaker):
     """(state, busy, generation, since_ns): the word read with acquire, then the trip time."""
     cdef raw_breaker_t *raw = <raw_breaker_t *>fb_breaker_handle(breaker)
-    cdef int64_t w = fb_load_acq(&raw.word)
-    cdef int64_t since = fb_load_rlx(&raw.since_ns)
+    cdef int64_t w = fb_load_acq(&raw.s.word)
+    cdef int64_t since = fb_load_rlx(&raw.s.since_ns)
     return w & ST_MASK, bool(w & BUSY), (w >> GEN_SHIFT) & GEN_MASK, since
 
 
@@ -227,8 +229,8 @@ def hammer_breaker(breaker, uint64_t seed, int64_t end_ns, int fail_pct, int lea
                     odd += 1
                 rejected += 1
                 if (rnd(&rs) & 1023) == 0:
-                    w = fb_load_acq(&raw.word)
-                    since = fb_load_rlx(&raw.since_ns)
+                    w = fb_load_acq(&raw.s.word)
+                    since = fb_load_rlx(&raw.s.since_ns)
                     if (w & (ST_MASK | BUSY)) == S_OPEN:
                         samples[2 * n_samples] = (w >> GEN_SHIFT) & GEN_MASK
                         samples[2 * n_samples + 1] = since
@@ -257,7 +259,7 @@ def hammer_breaker(breaker, uint64_t seed, int64_t end_ns, int fail_pct, int lea
             spin = <int>((x >> 24) & 63)
             while spin > 0:
                 spin -= 1
-                fb_load_rlx(&raw.word)
+                fb_load_rlx(&raw.s.word)
             now = fb_monotonic_ns()
             r = fb_breaker_release_ex(b, permit, outcome, now, &info)
             released += 1

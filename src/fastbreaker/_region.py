@@ -1,0 +1,670 @@
+"""SharedRegion: breakers, retry budgets and bulkheads whose state lives in shared memory.
+
+Every worker process of a host that asks one named region for the same object name gets the same
+state: a trip in one worker is seen by the next ``allow()`` in every other, a retry budget is
+spent once for the host, a bulkhead bounds the host's concurrency. The objects returned are the
+ordinary classes (``CircuitBreaker``, ``RetryBudget``, ``Bulkhead``) of the core in use; only
+their state lives in the region.
+
+The segment (``multiprocessing.shared_memory``) has a fixed layout, and holds no pointers, only
+offsets::
+
+    0       header: magic, layout version, size, core, allocation cursor, entries used
+    64      directory: DIR_ENTRIES entries of ENTRY_SIZE bytes (name, kind, offset, size,
+            options hash, options text offset and length)
+    DATA    the objects' state blocks and their options texts, allocated upward, never freed
+
+The directory changes under an exclusive ``fcntl`` record lock on its first byte (plus a thread
+lock, since record locks belong to a process). The kernel drops a record lock when its process
+dies, so a worker killed while it adds an object stops no one. An object is written completely
+(state initialised, options text stored) before its entry is, so a process that finds a name
+finds a whole object. Objects are found once, when a process asks for them; the hot paths never
+touch the directory.
+
+Options: each object's options that define what its shared state means (thresholds, windows,
+durations, exception types by qualified name) are stored as text with a hash; asking for a name
+with other options is a ``ValueError`` naming the first option that differs. Options that are
+per process by nature (callbacks, a predicate's identity, the clock) stay per process.
+
+The compiled core changes the state with the same C atomics as a local object (they work on
+memory shared between processes). The pure-Python twin keeps each state block as two copies and
+a selector under a record lock (``RecordLock``): a writer fills the copy not in use and flips the
+selector, so a process killed in the middle of a write leaves the previous state whole, and its
+lock is released by the kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from multiprocessing import shared_memory
+from typing import Any, Optional
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "RecordLock",
+    "SharedRecord",
+    "SharedRegion",
+    "region_class",
+]
+
+MAGIC = 0x4E4F494745524246  # b"FBREGION", little-endian
+LAYOUT_VERSION = 1
+"""The layout version written in the header; attaching to another version is a ValueError."""
+
+HEADER_SIZE = 64
+DIR_ENTRIES = 255
+ENTRY_SIZE = 128
+NAME_MAX = 63
+"""Object names are at most 63 bytes of UTF-8."""
+DATA = HEADER_SIZE + DIR_ENTRIES * ENTRY_SIZE  # 32,704
+DATA = (DATA + 63) & ~63  # 32,768
+MIN_SIZE = DATA + 4096
+MAX_SIZE = 1 << 40
+ALIGN = 64  # each block starts on its own cache line
+
+# header fields (int64 each)
+_H_MAGIC, _H_VERSION, _H_SIZE, _H_CORE, _H_CURSOR, _H_ENTRIES = range(0, 48, 8)
+# directory entry: name (64 bytes, NUL padded), then int64 fields
+_E_KIND, _E_OFFSET, _E_NBYTES, _E_HASH, _E_OPTS, _E_OPTS_LEN = range(64, 112, 8)
+
+KIND_BREAKER, KIND_MAP, KIND_BUDGET, KIND_BULKHEAD = 1, 2, 3, 4
+_KIND_NAMES = {
+    KIND_BREAKER: "breaker",
+    KIND_MAP: "breaker_map",
+    KIND_BUDGET: "retry_budget",
+    KIND_BULKHEAD: "bulkhead",
+}
+_CORES = {"c": 1, "python": 2}
+
+# The longest region name: POSIX shared memory names are one path component; macOS allows 31
+# bytes with the leading slash (PSHMNAMLEN), Linux 255 (NAME_MAX).
+REGION_NAME_MAX = 30 if sys.platform == "darwin" else 250
+
+_i64 = struct.Struct("<q")
+
+
+def _get(buf: memoryview, offset: int) -> int:
+    return int(_i64.unpack_from(buf, offset)[0])
+
+
+def _put(buf: memoryview, offset: int, value: int) -> None:
+    _i64.pack_into(buf, offset, value)
+
+
+def _check_name(name: object, what: str, limit: int) -> bytes:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a str, got {name!r}")
+    raw = name.encode("utf-8")
+    if not raw or "\x00" in name or "/" in name:
+        raise ValueError(f"{what} must be a non-empty str without '/' or NUL, got {name!r}")
+    if len(raw) > limit:
+        raise ValueError(
+            f"{what} must be at most {limit} bytes of UTF-8 on this platform, got {len(raw)} "
+            f"({name!r})"
+        )
+    return raw
+
+
+class RecordLock:
+    """An exclusive lock on one byte of a segment, for threads and processes alike.
+
+    A thread lock orders the threads of this process; an ``fcntl`` record lock (which belongs to
+    the process, and is released by the kernel when the process dies) orders the processes.
+    """
+
+    __slots__ = ("_fd", "_offset", "_thread_lock")
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self._fd = fd
+        self._offset = offset
+        self._thread_lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self._thread_lock.acquire()
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._offset)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        import fcntl
+
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, self._offset)
+        finally:
+            self._thread_lock.release()
+
+
+class SharedRecord:
+    """A fixed-size record in a segment kept as two copies and a selector (the pure-Python
+    twin's state blocks): ``store`` fills the copy not in use, then flips the selector with one
+    aligned 8-byte store, so a reader under the record's lock always finds a whole record, even
+    after a writer was killed halfway. Use only under the record's ``RecordLock``."""
+
+    __slots__ = ("_view", "_size")
+
+    def __init__(self, view: memoryview, size: int) -> None:
+        if len(view) < self.footprint(size):
+            raise ValueError("the record's view is too small")
+        self._view = view
+        self._size = size
+
+    @staticmethod
+    def footprint(size: int) -> int:
+        """The bytes a record of ``size`` bytes takes in the segment."""
+        return 8 + 2 * ((size + 7) & ~7)
+
+    def _copy(self, which: int) -> int:
+        return 8 + which * ((self._size + 7) & ~7)
+
+    def load(self) -> bytes:
+        which = _get(self._view, 0) & 1
+        start = self._copy(which)
+        return bytes(self._view[start : start + self._size])
+
+    def store(self, data: bytes) -> None:
+        if len(data) != self._size:
+            raise ValueError(f"a record of {self._size} bytes, got {len(data)}")
+        which = (_get(self._view, 0) & 1) ^ 1
+        start = self._copy(which)
+        self._view[start : start + self._size] = data
+        _put(self._view, 0, which)
+
+
+def _canonical(value: Any) -> str:
+    """The text of one option value, the same in every process."""
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_canonical(v) for v in value) + ")"
+    if callable(value):
+        module = getattr(value, "__module__", "?")
+        return f"<callable {module}.{getattr(value, '__qualname__', type(value).__qualname__)}>"
+    return repr(value)
+
+
+def options_text(options: dict[str, Any]) -> str:
+    """The options of an object as stored in the region: one ``name=value`` line each."""
+    return "\n".join(f"{k}={_canonical(v)}" for k, v in options.items())
+
+
+class _Segment:
+    """One mapping of a named segment per process, shared by the SharedRegion objects of this
+    process that name it (record locks belong to the process: closing a second descriptor of
+    the same file would drop the first one's locks)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory) -> None:
+        self.shm = shm
+        assert shm.buf is not None
+        self.buf: memoryview = shm.buf
+        self.users = 0
+        fd = getattr(shm, "_fd", -1)
+        self.fd = fd
+        self.dir_lock = RecordLock(fd, 0)
+        self.locks: dict[int, RecordLock] = {}
+
+    def lock_at(self, offset: int) -> RecordLock:
+        lock = self.locks.get(offset)
+        if lock is None:
+            lock = self.locks.setdefault(offset, RecordLock(self.fd, offset))
+        return lock
+
+
+_segments: dict[str, _Segment] = {}
+_segments_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held these locks at the fork; the child has one thread.
+    global _segments_lock
+    _segments_lock = threading.Lock()
+    for seg in _segments.values():
+        seg.dir_lock._thread_lock = threading.Lock()
+        for lock in seg.locks.values():
+            lock._thread_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    """Keep multiprocessing's resource tracker away from the segment: before Python 3.13 it
+    unlinks every segment a process created or attached to when that process exits, which would
+    destroy the region under the other workers. The region is unlinked only by ``unlink()``."""
+    if sys.version_info >= (3, 13):
+        return
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    except Exception:
+        pass
+
+
+def _open(name: str, size: int, create: bool) -> tuple[shared_memory.SharedMemory, bool]:
+    kwargs: dict[str, Any] = {"track": False} if sys.version_info >= (3, 13) else {}
+    if create:
+        try:
+            shm = shared_memory.SharedMemory(name, create=True, size=size, **kwargs)
+            _untrack(shm)
+            return shm, True
+        except FileExistsError:
+            pass
+    # Attach. The creator may not have sized the segment yet (it creates, then truncates): an
+    # empty segment is retried for a moment.
+    deadline = None
+    while True:
+        try:
+            shm = shared_memory.SharedMemory(name, create=False, **kwargs)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no shared region named {name!r}: create it first (create=True)"
+            ) from None
+        except ValueError:
+            import time
+
+            now = time.monotonic()
+            deadline = deadline or now + 2.0
+            if now > deadline:
+                raise ValueError(f"the shared region {name!r} exists but is empty") from None
+            time.sleep(0.001)
+            continue
+        _untrack(shm)
+        return shm, False
+
+
+class SharedRegion:
+    """A named shared-memory segment holding breakers, retry budgets and bulkheads that every
+    process of the host can share.
+
+    ``SharedRegion(name, *, size=1 << 20, create=True)``: the first process creates the segment
+    (``size`` bytes, at least 36 KiB), the others attach to it (their ``size`` is not used);
+    ``create=False`` only attaches (``FileNotFoundError`` if there is none). Then
+    ``region.breaker(name, ...)``, ``region.retry_budget(name, ...)`` and
+    ``region.bulkhead(name, max_concurrent)`` return the ordinary objects, their state in the
+    region: the same name gives the same state in every process.
+
+    ``close()`` unmaps the segment in this process (the objects it made must be gone first);
+    ``unlink()`` removes the segment's name (the processes that have it mapped keep it until they
+    close it). Not available on Windows (``OSError``).
+    """
+
+    _core = "python"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        size: int = 1 << 20,
+        create: bool = True,
+        clock: Optional[Callable[[], int]] = None,
+    ) -> None:
+        if sys.platform == "win32":
+            raise OSError(
+                "SharedRegion needs POSIX shared memory and process record locks: it is not "
+                "available on Windows"
+            )
+        _check_name(name, "name", REGION_NAME_MAX)
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"size must be an int in [{MIN_SIZE}, 2**40], got {size!r}")
+        if not MIN_SIZE <= size <= MAX_SIZE:
+            raise ValueError(f"size must be an int in [{MIN_SIZE}, 2**40], got {size!r}")
+        if not isinstance(create, bool):
+            raise TypeError(f"create must be True or False, got {create!r}")
+        if clock is not None and not callable(clock):
+            raise TypeError(f"clock must be a zero-argument callable or None, got {clock!r}")
+        self._name = name
+        self._clock = clock
+        self._closed = True
+        with _segments_lock:
+            seg = _segments.get(name)
+            if seg is None:
+                shm, _ = _open(name, size, create)
+                seg = _Segment(shm)
+                try:
+                    self._check_lockable(seg)
+                    with seg.dir_lock:
+                        self._init_or_check(seg.buf)
+                except BaseException:
+                    shm.close()
+                    raise
+                _segments[name] = seg
+            else:
+                with seg.dir_lock:
+                    self._init_or_check(seg.buf)
+            seg.users += 1
+        self._seg = seg
+        self._closed = False
+
+    @staticmethod
+    def _check_lockable(seg: _Segment) -> None:
+        import fcntl
+
+        if seg.fd < 0:
+            raise OSError("this platform's shared memory has no file descriptor to lock")
+        try:
+            fcntl.lockf(seg.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            fcntl.lockf(seg.fd, fcntl.LOCK_UN, 1, 0)
+        except BlockingIOError:
+            pass  # another process holds it: it works
+        except OSError as exc:
+            raise OSError(
+                f"SharedRegion needs record locks on shared memory, which this platform "
+                f"refuses: {exc}"
+            ) from exc
+
+    def _init_or_check(self, buf: memoryview) -> None:
+        magic = _get(buf, _H_MAGIC)
+        if magic == 0:
+            # New (the creator, or the first process to lock it): the memory is zero-filled.
+            if len(buf) < MIN_SIZE:
+                raise ValueError(f"the segment has {len(buf)} bytes, fewer than {MIN_SIZE}")
+            _put(buf, _H_VERSION, LAYOUT_VERSION)
+            _put(buf, _H_SIZE, len(buf))
+            _put(buf, _H_CORE, _CORES[self._core])
+            _put(buf, _H_CURSOR, DATA)
+            _put(buf, _H_MAGIC, MAGIC)
+            return
+        if magic != MAGIC:
+            raise ValueError(f"shared memory {self._name!r} is not a fastbreaker region")
+        version = _get(buf, _H_VERSION)
+        if version != LAYOUT_VERSION:
+            raise ValueError(
+                f"the shared region {self._name!r} has layout version {version}; this "
+                f"fastbreaker uses layout version {LAYOUT_VERSION} (every process of a host "
+                "must run the same fastbreaker)"
+            )
+        core = _get(buf, _H_CORE)
+        if core != _CORES[self._core]:
+            other = {v: k for k, v in _CORES.items()}.get(core, str(core))
+            raise ValueError(
+                f"the shared region {self._name!r} was made by the {other!r} core and this "
+                f"process uses the {self._core!r} core (FASTBREAKER_NO_EXTENSIONS must be the "
+                "same in every process)"
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        """The segment's size in bytes."""
+        return len(self._buf)
+
+    @property
+    def used(self) -> int:
+        """Bytes allocated so far (header and directory included)."""
+        return _get(self._buf, _H_CURSOR)
+
+    @property
+    def _buf(self) -> memoryview:
+        if self._closed:
+            raise ValueError(f"the shared region {self._name!r} is closed")
+        return self._seg.buf
+
+    def close(self) -> None:
+        """Unmap the segment in this process (a no-op if closed). The objects this region made
+        must have been dropped: their state is in the mapping (``BufferError`` otherwise)."""
+        if self._closed:
+            return
+        with _segments_lock:
+            seg = self._seg
+            if seg.users == 1:
+                try:
+                    seg.shm.close()
+                except BufferError:
+                    raise BufferError(
+                        f"objects made by the shared region {self._name!r} are still alive: "
+                        "drop them before close()"
+                    ) from None
+                _segments.pop(self._name, None)
+            seg.users -= 1
+            self._closed = True
+
+    def unlink(self) -> None:
+        """Remove the segment's name (``FileNotFoundError`` if it is already gone); processes
+        that have it mapped keep using it."""
+        import _posixshmem  # type: ignore[import-not-found]
+
+        _posixshmem.shm_unlink("/" + self._name)
+
+    def __enter__(self) -> "SharedRegion":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.used}/{self.size} bytes used"
+        return f"<SharedRegion {self._name!r} ({self._core} core) {state}>"
+
+    def __reduce__(self) -> Any:
+        # A region crosses to a spawned process as its name: it attaches there.
+        return (_attach, (type(self)._core, self._name, self._clock))
+
+    # -- the directory ---------------------------------------------------------------------------
+    def _entries(self) -> Iterator[tuple[int, bytes]]:
+        buf = self._buf
+        for i in range(_get(buf, _H_ENTRIES)):
+            at = HEADER_SIZE + i * ENTRY_SIZE
+            yield at, bytes(buf[at : at + 64]).rstrip(b"\x00")
+
+    def objects(self) -> dict[str, str]:
+        """The objects in the region: ``{name: kind}``."""
+        with self._seg.dir_lock:
+            buf = self._buf
+            return {
+                raw.decode(): _KIND_NAMES.get(_get(buf, at + _E_KIND), "?")
+                for at, raw in self._entries()
+            }
+
+    def _object(
+        self,
+        kind: int,
+        name: str,
+        options: dict[str, Any],
+        nbytes: int,
+        init: Callable[[memoryview], None],
+    ) -> tuple[int, bool]:
+        """The offset of object ``name`` (made with ``init`` on zeroed memory if new), and
+        whether this call made it."""
+        raw = _check_name(name, "name", NAME_MAX)
+        text = options_text(options).encode()
+        digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+        with self._seg.dir_lock:
+            buf = self._buf
+            for at, found in self._entries():
+                if found != raw:
+                    continue
+                found_kind = _get(buf, at + _E_KIND)
+                if found_kind != kind:
+                    raise ValueError(
+                        f"{name!r} in the shared region {self._name!r} is a "
+                        f"{_KIND_NAMES.get(found_kind, '?')}, not a {_KIND_NAMES[kind]}"
+                    )
+                if _get(buf, at + _E_HASH) != digest:
+                    start, length = _get(buf, at + _E_OPTS), _get(buf, at + _E_OPTS_LEN)
+                    theirs = bytes(buf[start : start + length]).decode()
+                    raise ValueError(_differing(name, self._name, theirs, text.decode()))
+                return _get(buf, at + _E_OFFSET), False
+            used = _get(buf, _H_ENTRIES)
+            if used >= DIR_ENTRIES:
+                raise ValueError(
+                    f"the shared region {self._name!r} holds {DIR_ENTRIES} objects, its most"
+                )
+            cursor = _get(buf, _H_CURSOR)
+            offset = (cursor + ALIGN - 1) & ~(ALIGN - 1)
+            opts_at = offset + ((nbytes + ALIGN - 1) & ~(ALIGN - 1))
+            end = opts_at + len(text)
+            if end > len(buf):
+                raise ValueError(
+                    f"the shared region {self._name!r} is too small for {_KIND_NAMES[kind]} "
+                    f"{name!r}: it needs {end - cursor} more bytes and has {len(buf) - cursor} "
+                    f"free (size={len(buf)}); create the region with a larger size"
+                )
+            init(buf[offset : offset + nbytes])
+            buf[opts_at:end] = text
+            at = HEADER_SIZE + used * ENTRY_SIZE
+            buf[at : at + 64] = raw.ljust(64, b"\x00")
+            for field, value in (
+                (_E_KIND, kind),
+                (_E_OFFSET, offset),
+                (_E_NBYTES, nbytes),
+                (_E_HASH, digest),
+                (_E_OPTS, opts_at),
+                (_E_OPTS_LEN, len(text)),
+            ):
+                _put(buf, at + field, value)
+            _put(buf, _H_CURSOR, end)
+            _put(buf, _H_ENTRIES, used + 1)  # published: the entry is whole
+            return offset, True
+
+    def _view(self, offset: int, nbytes: int) -> memoryview:
+        return self._buf[offset : offset + nbytes]
+
+    def _lock_at(self, offset: int) -> RecordLock:
+        return self._seg.lock_at(offset)
+
+    # -- the objects (each core fills these in: see region_class) ------------------------------
+    def breaker(self, name: str, *args: Any, **options: Any) -> Any:
+        """The shared ``CircuitBreaker`` ``name`` (also its name), with every CircuitBreaker
+        option but ``name`` and ``clock``; the same options in every process."""
+        from ._options import BreakerOptions
+
+        for banned in ("name", "clock"):
+            if banned in options:
+                raise TypeError(f"region.breaker() takes no {banned!r}: {_BANNED[banned]}")
+        validated = BreakerOptions(*args, name=name, clock=self._clock, **options)
+        core = self._cores()[0]
+        nbytes = core.shared_size(validated)
+        offset, _ = self._object(
+            KIND_BREAKER,
+            name,
+            _breaker_key(validated),
+            nbytes,
+            lambda view: core.shared_init(view, validated),
+        )
+        return core.CircuitBreaker._shared(
+            core.Config(validated), name, self._view(offset, nbytes), self._lock_at(offset)
+        )
+
+    def retry_budget(
+        self, name: str, *, ratio: float = 0.1, capacity: float = 100.0, min_per_sec: float = 1.0
+    ) -> Any:
+        """The shared ``RetryBudget`` ``name``: one token bucket for every process."""
+        from ._options import budget_units
+
+        deposit, cap, rate = budget_units(ratio, capacity, min_per_sec)  # validates
+        core = self._cores()[1]
+        nbytes = core.shared_size()
+        offset, _ = self._object(
+            KIND_BUDGET,
+            name,
+            {"ratio": deposit, "capacity": cap, "min_per_sec": rate},
+            nbytes,
+            lambda view: core.shared_init(view, cap, self._clock),
+        )
+        return core.RetryBudget._shared(
+            ratio,
+            capacity,
+            min_per_sec,
+            self._clock,
+            self._view(offset, nbytes),
+            self._lock_at(offset),
+        )
+
+    def bulkhead(self, name: str, max_concurrent: int) -> Any:
+        """The shared ``Bulkhead`` ``name``: at most ``max_concurrent`` calls at once over every
+        process. It never waits (``max_wait=0``): a waiter in one process cannot be woken by a
+        release in another without polling. A slot records the process that holds it; when a
+        ``try_acquire()`` finds every slot taken, it frees the slots of processes that no longer
+        exist (at most once every 100 ms)."""
+        from ._bulkhead import check_bulkhead
+
+        check_bulkhead(max_concurrent, 0.0, None, None, None)
+        core = self._cores()[2]
+        nbytes = core.shared_size(max_concurrent)
+        offset, _ = self._object(
+            KIND_BULKHEAD,
+            name,
+            {"max_concurrent": max_concurrent},
+            nbytes,
+            lambda view: core.shared_init(view, max_concurrent),
+        )
+        return core.Bulkhead._shared(
+            max_concurrent, name, self._clock, self._view(offset, nbytes), self._lock_at(offset)
+        )
+
+    def _cores(self) -> tuple[Any, Any, Any]:
+        if self._core == "c":
+            from . import _breaker_c, _budget_c, _bulkhead_c
+
+            return _breaker_c, _budget_c, _bulkhead_c
+        from . import _breaker_py, _budget_py, _bulkhead_py
+
+        return _breaker_py, _budget_py, _bulkhead_py
+
+
+_BANNED = {
+    "name": "the name given to region.breaker() is the breaker's name",
+    "clock": "every process must read the same clock (the region's)",
+}
+
+
+def _breaker_key(options: Any) -> dict[str, Any]:
+    """The breaker options stored with a shared breaker (all but name and clock)."""
+    kw: dict[str, Any] = options.kwargs()
+    kw.pop("name")
+    kw.pop("clock")
+    return kw
+
+
+def _differing(name: str, region: str, theirs: str, ours: str) -> str:
+    a = dict(line.split("=", 1) for line in theirs.splitlines())
+    b = dict(line.split("=", 1) for line in ours.splitlines())
+    for option in list(a) + [k for k in b if k not in a]:
+        if a.get(option) != b.get(option):
+            return (
+                f"{name!r} exists in the shared region {region!r} with {option}="
+                f"{a.get(option, '(unset)')}, asked with {option}={b.get(option, '(unset)')}: "
+                "every process must ask with the same options"
+            )
+    return f"{name!r} exists in the shared region {region!r} with other options"
+
+
+_bound: dict[str, type[SharedRegion]] = {}
+
+
+def region_class(core: str) -> type[SharedRegion]:
+    """The SharedRegion class whose objects come from ``core`` (``"c"`` or ``"python"``)."""
+    if core not in _CORES:
+        raise ValueError(f"core must be 'c' or 'python', got {core!r}")
+    cls = _bound.get(core)
+    if cls is None:
+        cls = type("SharedRegion", (SharedRegion,), {"_core": core, "__module__": __name__})
+        cls = _bound.setdefault(core, cls)
+    return cls
+
+
+def _attach(core: str, name: str, clock: Any) -> SharedRegion:
+    return region_class(core)(name, create=False, clock=clock)
+
+
+def default_class() -> type[SharedRegion]:
+    from ._select import COMPILED
+
+    return region_class("c" if COMPILED else "python")
+
+
+__all__ += ["default_class", "options_text"]
