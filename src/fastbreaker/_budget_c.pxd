@@ -18,8 +18,11 @@ cimport cython
 from libc.stdint cimport int64_t
 
 ctypedef struct fb_budget_t:
-    int64_t tokens       # fixed-point units (1 token = 1,000,000 units)
-    int64_t last_ns      # refill time: accrual before it has been credited
+    int64_t *tk          # tk[0] the tokens, in fixed-point units (1 token = 1,000,000 units);
+                         # tk[1] the refill time (accrual before it has been credited): the two
+                         # fields below, or two words of a SharedRegion
+    int64_t tokens
+    int64_t last_ns
     int64_t deposit      # units per success (ratio)
     int64_t capacity     # units
     int64_t rate         # units per second (min_per_sec)
@@ -41,4 +44,5 @@ cdef class RetryBudget:
     cdef fb_budget_t state
     cdef object _clock
     cdef bint _ready         # __init__ has run
+    cdef object _view        # a shared budget's words: keeps the region mapped
     cdef object __weakref__

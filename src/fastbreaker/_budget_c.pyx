@@ -44,7 +44,7 @@ cdef inline void _add_capped(fb_budget_t *b, int64_t amount) noexcept nogil:
     # CAS loop rather than fetch-add: a plain add could overshoot capacity, and a taker could
     # spend the overshoot before it is clamped. When the bucket is full (the common case for a
     # healthy service) this is a single load and no write, so successes share the cache line.
-    cdef int64_t cur = fb_load_rlx(&b.tokens)
+    cdef int64_t cur = fb_load_rlx(&b.tk[0])
     cdef int64_t new
     while True:
         new = cur + amount
@@ -52,7 +52,7 @@ cdef inline void _add_capped(fb_budget_t *b, int64_t amount) noexcept nogil:
             new = b.capacity
         if new <= cur:
             return
-        if fb_cas(&b.tokens, &cur, new):
+        if fb_cas(&b.tk[0], &cur, new):
             return
 
 
@@ -68,12 +68,12 @@ cdef inline void _refill(fb_budget_t *b, int64_t now) noexcept nogil:
         if not b.use_c_clock:
             return
         now = fb_monotonic_ns()
-    last = fb_load_acq(&b.last_ns)
+    last = fb_load_acq(&b.tk[1])
     while True:
         if now - last < 1000:
             return
         elapsed_us = (now - last) // 1000
-        if fb_cas(&b.last_ns, &last, last + elapsed_us * 1000):
+        if fb_cas(&b.tk[1], &last, last + elapsed_us * 1000):
             break
     _add_capped(b, _accrued(elapsed_us, b.rate, b.capacity))
 
@@ -84,9 +84,9 @@ cdef void fb_budget_deposit(fb_budget_t *b) noexcept nogil:
 
 cdef int fb_budget_try_take(fb_budget_t *b, int64_t now) noexcept nogil:
     _refill(b, now)
-    cdef int64_t cur = fb_load_rlx(&b.tokens)
+    cdef int64_t cur = fb_load_rlx(&b.tk[0])
     while cur >= UNIT:
-        if fb_cas(&b.tokens, &cur, cur - UNIT):
+        if fb_cas(&b.tk[0], &cur, cur - UNIT):
             return 1
     return 0
 
@@ -127,7 +127,18 @@ cdef class RetryBudget:
         self.state.use_c_clock = clock is None
         self.state.tokens = cap
         self.state.last_ns = _read_clock(clock)
+        self.state.tk = &self.state.tokens
         self._ready = True
+
+    @classmethod
+    def _shared(cls, ratio, capacity, min_per_sec, clock, view, lock=None):
+        """A budget whose tokens and refill time are two words of a SharedRegion (laid out
+        by ``shared_init``); ``lock`` is for the twin, which needs one."""
+        cdef RetryBudget self = cls(ratio, capacity, min_per_sec, clock=clock)
+        cdef int64_t[::1] words = view.cast("q")
+        self._view = view
+        self.state.tk = &words[0]
+        return self
 
     def __copy__(self):
         raise _not_copyable(self)
@@ -161,7 +172,7 @@ cdef class RetryBudget:
         if not self._ready:
             _not_ready()
         _refill(&self.state, _read_clock(self._clock))
-        return <double>fb_load_acq(&self.state.tokens) / UNIT
+        return <double>fb_load_acq(&self.state.tk[0]) / UNIT
 
     @property
     def ratio(self):
@@ -193,14 +204,14 @@ cdef class RetryBudget:
         if delta < -(1 << 62) or delta > (1 << 62):
             raise ValueError(f"delta must be within +-2**62 token units, got {delta!r}")
         _refill(&self.state, _read_clock(self._clock))
-        cur = fb_load_rlx(&self.state.tokens)
+        cur = fb_load_rlx(&self.state.tk[0])
         while True:
             new = cur + delta
             if new > self.state.capacity:
                 new = self.state.capacity
             if new < 0:
                 new = 0
-            if new == cur or fb_cas(&self.state.tokens, &cur, new):
+            if new == cur or fb_cas(&self.state.tk[0], &cur, new):
                 return new
 
     def __repr__(self):
@@ -209,8 +220,20 @@ cdef class RetryBudget:
         return (
             f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
             f"min_per_sec={self.min_per_sec!r}, "
-            f"tokens={<double>fb_load_acq(&self.state.tokens) / UNIT!r})"
+            f"tokens={<double>fb_load_acq(&self.state.tk[0]) / UNIT!r})"
         )
+
+
+def shared_size():
+    """The bytes of a shared budget's words (SharedRegion)."""
+    return 2 * sizeof(int64_t)
+
+
+def shared_init(view, int64_t capacity_units, clock):
+    """A new shared budget's words: full, refilled now."""
+    cdef int64_t[::1] words = view.cast("q")
+    words[0] = capacity_units
+    words[1] = _read_clock(clock)
 
 
 def _hammer(RetryBudget budget not None, Py_ssize_t deposits, Py_ssize_t takes, int64_t now, int64_t step):

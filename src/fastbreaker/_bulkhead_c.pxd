@@ -38,6 +38,7 @@ ctypedef struct fb_bulkhead_t:
     int algorithm         # 0 fixed (Bulkhead), 1 AIMD, 2 gradient
     int use_c_clock
     void *owner           # the object that holds this struct (borrowed)
+    int64_t *shared       # a Bulkhead in a SharedRegion: its block there (see _bulkhead_c), or NULL
 
 # The C state; TypeError if `obj` is not a compiled Bulkhead (resp. AdaptiveLimiter).
 cdef fb_bulkhead_t *fb_bulkhead_handle(object obj) except NULL
@@ -61,6 +62,7 @@ cdef class _Slots:
     cdef readonly int64_t _max_waiting
     cdef object _clock
     cdef bint _ready
+    cdef object _view     # a shared bulkhead's block: keeps the region mapped
     cdef object __weakref__
     cdef int _setup(self, double wait_s, int64_t max_waiting, object name, object clock) except -1
 

@@ -29,6 +29,11 @@ cdef extern from "_fb_atomic.h" nogil:
     int fb_cas(int64_t *p, int64_t *expected, int64_t desired)
     void fb_max(int64_t *p, int64_t v)
     int64_t fb_monotonic_ns()
+    int fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired)
+
+cdef extern from "_fb_process.h" nogil:
+    int64_t fb_getpid()
+    bint fb_process_gone(int64_t pid)
 
 cdef enum:
     FIXED = 0
@@ -64,8 +69,101 @@ cdef inline int64_t _cap(fb_bulkhead_t *b) noexcept nogil:
     return <int64_t>_dbl(fb_load_acq(&b.limit))
 
 
+# -- a Bulkhead in a SharedRegion ----------------------------------------------------------------
+# Its block: the counters below, then one owner word per slot (0: free, else the pid holding it).
+# A slot is taken by one CAS of a free owner word to this process's pid (the scan starts at a
+# rotating cursor), and given back by one CAS of an owner word holding this pid to 0, so every
+# slot names its holder. When a try_acquire() finds every slot taken, it frees the slots whose
+# process no longer exists (kill(pid, 0) fails with ESRCH), at most once per RECLAIM_NS per
+# bulkhead (the CAS winner on the last reclaim time does it), then scans again. A shared bulkhead
+# never waits: a waiter in one process could not be woken by a release in another.
+cdef enum:
+    SB_IN_FLIGHT = 0
+    SB_ADMITTED = 1
+    SB_REJECTED = 2
+    SB_TIMED_OUT = 3
+    SB_CANCELLED = 4
+    SB_WAITED = 5
+    SB_PEAK = 6
+    SB_RECLAIM = 7
+    SB_CURSOR = 8
+    SB_OWNERS = 16    # the owner words start on the third cache line
+
+cdef int64_t RECLAIM_NS = 100_000_000  # 100 ms
+cdef int64_t fb_pid = 0
+
+def _refresh_pid():
+    global fb_pid
+    fb_pid = fb_getpid()
+
+_refresh_pid()
+import os as _os
+_os.register_at_fork(after_in_child=_refresh_pid)
+
+cdef inline int _shared_take(int64_t *blk, int64_t cap) noexcept nogil:
+    cdef int64_t start = (fb_add(&blk[SB_CURSOR], 1) - 1) % cap, i, j, cur, n
+    cdef int64_t *owners = blk + <int>SB_OWNERS
+    for i in range(cap):
+        j = start + i
+        if j >= cap:
+            j -= cap
+        cur = 0
+        if fb_load_rlx(&owners[j]) == 0 and fb_cas_strong(&owners[j], &cur, fb_pid):
+            n = fb_add(&blk[SB_IN_FLIGHT], 1)
+            fb_add(&blk[SB_ADMITTED], 1)
+            fb_max(&blk[SB_PEAK], n)
+            return 1
+    return 0
+
+cdef int64_t _shared_reclaim(int64_t *blk, int64_t cap, int64_t now) noexcept nogil:
+    """Free the slots of processes that are gone (at most once per RECLAIM_NS); how many."""
+    cdef int64_t last = fb_load_rlx(&blk[SB_RECLAIM]), j, pid, freed = 0
+    cdef int64_t *owners = blk + <int>SB_OWNERS
+    if now < 0 or (last != 0 and now - last < RECLAIM_NS):
+        return 0
+    if not fb_cas_strong(&blk[SB_RECLAIM], &last, now if now != 0 else 1):
+        return 0
+    for j in range(cap):
+        pid = fb_load_rlx(&owners[j])
+        if pid != 0 and pid != fb_pid and fb_process_gone(pid):
+            if fb_cas_strong(&owners[j], &pid, 0):
+                fb_add(&blk[SB_IN_FLIGHT], -1)
+                freed += 1
+    return freed
+
+cdef int _shared_try_acquire(fb_bulkhead_t *b, int64_t now) noexcept nogil:
+    cdef int64_t cap = _cap(b)
+    if _shared_take(b.shared, cap):
+        return 1
+    if now < 0 and b.use_c_clock:
+        now = fb_monotonic_ns()
+    if _shared_reclaim(b.shared, cap, now) and _shared_take(b.shared, cap):
+        return 1
+    fb_add(&b.shared[SB_REJECTED], 1)
+    return 0
+
+cdef int _shared_release(fb_bulkhead_t *b) noexcept nogil:
+    """1: freed one slot this process holds; -1: it holds none."""
+    cdef int64_t cap = _cap(b), j, cur
+    cdef int64_t *owners = b.shared + <int>SB_OWNERS
+    for j in range(cap):
+        cur = fb_pid
+        if fb_load_rlx(&owners[j]) == cur and fb_cas_strong(&owners[j], &cur, 0):
+            fb_add(&b.shared[SB_IN_FLIGHT], -1)
+            return 1
+    return -1
+
+def shared_size(int64_t max_concurrent):
+    """The bytes of a shared bulkhead's block (SharedRegion)."""
+    return (<int64_t>SB_OWNERS + max_concurrent) * sizeof(int64_t)
+
+def shared_init(view, int64_t max_concurrent):
+    """A new shared bulkhead: zeroed memory is every slot free."""
+
 cdef inline int _admit(fb_bulkhead_t *b) noexcept nogil:
     # Admission: nobody waits (a newcomer never barges past a waiter) and a slot is free.
+    if b.shared != NULL:
+        return _shared_take(b.shared, _cap(b)) or _shared_try_acquire_quiet(b)
     cdef int64_t w = fb_load_acq(&b.word)
     cdef int64_t cap = _cap(b)
     while (w >> 32) == 0 and (w & MASK) < cap:
@@ -76,8 +174,15 @@ cdef inline int _admit(fb_bulkhead_t *b) noexcept nogil:
     return 0
 
 
+cdef inline int _shared_try_acquire_quiet(fb_bulkhead_t *b) noexcept nogil:
+    # _admit's second chance: reclaim, then take (a refusal is counted by the caller's path)
+    cdef int64_t now = fb_monotonic_ns() if b.use_c_clock else -1
+    return _shared_reclaim(b.shared, _cap(b), now) and _shared_take(b.shared, _cap(b))
+
 cdef inline int _release_fast(fb_bulkhead_t *b) noexcept nogil:
     # 1: freed; 0: someone waits, the slot must be handed on (slow path); -1: nothing held.
+    if b.shared != NULL:
+        return _shared_release(b)
     cdef int64_t w = fb_load_acq(&b.word)
     while True:
         if (w & MASK) == 0:
@@ -97,6 +202,8 @@ cdef int _release_slow_gil(fb_bulkhead_t *b) noexcept with gil:
 
 
 cdef int fb_bulkhead_try_acquire(fb_bulkhead_t *b) noexcept nogil:
+    if b.shared != NULL:
+        return _shared_try_acquire(b, -1)
     if _admit(b):
         return 1
     fb_add(&b.rejected, 1)
@@ -213,6 +320,8 @@ cdef class _Slots:
     @cython.binding(False)
     def try_acquire(self):
         """Take a slot if one is free and nobody waits for one; never waits."""
+        if self.st.shared != NULL:
+            return <bint>_shared_try_acquire(&self.st, -1 if self._clock is None else self._now())
         return <bint>fb_bulkhead_try_acquire(&self.st)
 
     def _try_admit(self):
@@ -261,6 +370,9 @@ cdef class _Slots:
         return False
 
     def _q_count(self, int kind):
+        if self.st.shared != NULL:  # never waits: only refusals reach here
+            fb_add(&self.st.shared[SB_REJECTED], 1)
+            return
         if kind == _b.WOKEN:
             fb_add(&self.st.admitted, 1)
             fb_add(&self.st.waited, 1)
@@ -276,11 +388,15 @@ cdef class _Slots:
     @property
     def in_flight(self):
         """Slots held now (including one being handed to a waiter)."""
+        if self.st.shared != NULL:
+            return fb_load_acq(&self.st.shared[SB_IN_FLIGHT])
         return fb_load_acq(&self.st.word) & MASK
 
     @property
     def waiting(self):
         """Callers waiting for a slot now."""
+        if self.st.shared != NULL:
+            return 0
         return fb_load_acq(&self.st.word) >> 32
 
     @property
@@ -296,6 +412,14 @@ cdef class _Slots:
     def metrics(self):
         """A snapshot of the counters."""
         cdef int64_t w = fb_load_acq(&self.st.word)
+        cdef int64_t *blk = self.st.shared
+        if blk != NULL:
+            return BulkheadMetrics(
+                fb_load_acq(&blk[SB_ADMITTED]), fb_load_acq(&blk[SB_REJECTED]),
+                fb_load_acq(&blk[SB_TIMED_OUT]), fb_load_acq(&blk[SB_CANCELLED]),
+                fb_load_acq(&blk[SB_WAITED]), fb_load_acq(&blk[SB_IN_FLIGHT]), 0,
+                fb_load_acq(&blk[SB_PEAK]),
+            )
         return BulkheadMetrics(
             fb_load_acq(&self.st.admitted), fb_load_acq(&self.st.rejected),
             fb_load_acq(&self.st.timed_out), fb_load_acq(&self.st.cancelled),
@@ -326,6 +450,19 @@ cdef class Bulkhead(_Slots):
         self.st.limit = _bits(<double>cap)
         self.st.algorithm = FIXED
         self._ready = True
+
+    @classmethod
+    def _shared(cls, max_concurrent, name, clock, view, lock=None):
+        """A bulkhead whose slots are the block ``view`` of a SharedRegion (see the block's
+        comment); it never waits. ``lock`` is for the twin, which needs one."""
+        cdef Bulkhead self = cls(max_concurrent, max_wait=0.0, max_waiting=0, name=name,
+                                 clock=clock)
+        cdef int64_t[::1] words = view.cast("q")
+        if words.shape[0] < <Py_ssize_t>SB_OWNERS + max_concurrent:
+            raise ValueError("the block is too small for max_concurrent")
+        self._view = view
+        self.st.shared = &words[0]
+        return self
 
     @cython.binding(False)
     def release(self):

@@ -134,7 +134,7 @@ def budget_take(budget, int64_t now=-1):
 
 def budget_units(RetryBudget budget):
     """(tokens, last_ns) in raw units, read without refilling."""
-    return fb_load_acq(&budget.state.tokens), fb_load_acq(&budget.state.last_ns)
+    return fb_load_acq(&budget.state.tk[0]), fb_load_acq(&budget.state.tk[1])
 
 
 # -- cost of the entry points, measured in a C loop ------------------------------------------------
