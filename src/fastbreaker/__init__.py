@@ -41,7 +41,10 @@ from ._retry import retry, retrying
 from ._shed import LoadShedder, ShedderMetrics
 from ._version import __version__ as __version__
 
-SharedRegion = _region_default()
+if TYPE_CHECKING:
+    from ._region import SharedRegion
+else:
+    SharedRegion = _region_default()
 
 
 def get_include() -> str:

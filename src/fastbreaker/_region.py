@@ -40,6 +40,7 @@ import os
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from typing import Any, Optional
@@ -210,6 +211,7 @@ class _Segment:
         self.fd = fd
         self.dir_lock = RecordLock(fd, 0)
         self.locks: dict[int, RecordLock] = {}
+        self.objects: weakref.WeakSet[Any] = weakref.WeakSet()  # made here, alive
 
     def lock_at(self, offset: int) -> RecordLock:
         lock = self.locks.get(offset)
@@ -421,13 +423,13 @@ class SharedRegion:
         with _segments_lock:
             seg = self._seg
             if seg.users == 1:
-                try:
-                    seg.shm.close()
-                except BufferError:
+                alive = len(seg.objects)
+                if alive:
                     raise BufferError(
-                        f"objects made by the shared region {self._name!r} are still alive: "
-                        "drop them before close()"
-                    ) from None
+                        f"{alive} objects made by the shared region {self._name!r} are still "
+                        "alive in this process: drop them before close()"
+                    )
+                seg.shm.close()
                 _segments.pop(self._name, None)
             seg.users -= 1
             self._closed = True
@@ -480,6 +482,7 @@ class SharedRegion:
         """The offset of object ``name`` (made with ``init`` on zeroed memory if new), and
         whether this call made it."""
         raw = _check_name(name, "name", NAME_MAX)
+        self._buf  # closed: ValueError
         text = options_text(options).encode()
         digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
         with self._seg.dir_lock:
@@ -537,16 +540,19 @@ class SharedRegion:
         return self._seg.lock_at(offset)
 
     # -- the objects (each core fills these in: see region_class) ------------------------------
-    def breaker(self, name: str, *args: Any, **options: Any) -> Any:
+    def breaker(self, name: str, /, *args: Any, **options: Any) -> Any:
         """The shared ``CircuitBreaker`` ``name`` (also its name), with every CircuitBreaker
         option but ``name`` and ``clock``; the same options in every process."""
+        return self._breaker_of(self._cores()[0], name, args, options)
+
+    def _breaker_of(self, core: Any, name: str, args: Any, options: dict[str, Any]) -> Any:
+        """``breaker()`` with the breaker core module ``core`` (tests: a racy build)."""
         from ._options import BreakerOptions
 
         for banned in ("name", "clock"):
             if banned in options:
                 raise TypeError(f"region.breaker() takes no {banned!r}: {_BANNED[banned]}")
         validated = BreakerOptions(*args, name=name, clock=self._clock, **options)
-        core = self._cores()[0]
         nbytes = core.shared_size(validated)
         offset, _ = self._object(
             KIND_BREAKER,
@@ -555,9 +561,15 @@ class SharedRegion:
             nbytes,
             lambda view: core.shared_init(view, validated),
         )
-        return core.CircuitBreaker._shared(
-            core.Config(validated), name, self._view(offset, nbytes), self._lock_at(offset)
+        return self._made(
+            core.CircuitBreaker._shared(
+                core.Config(validated), name, self._view(offset, nbytes), self._lock_at(offset)
+            )
         )
+
+    def _made(self, obj: Any) -> Any:
+        self._seg.objects.add(obj)
+        return obj
 
     def retry_budget(
         self, name: str, *, ratio: float = 0.1, capacity: float = 100.0, min_per_sec: float = 1.0
@@ -575,13 +587,15 @@ class SharedRegion:
             nbytes,
             lambda view: core.shared_init(view, cap, self._clock),
         )
-        return core.RetryBudget._shared(
-            ratio,
-            capacity,
-            min_per_sec,
-            self._clock,
-            self._view(offset, nbytes),
-            self._lock_at(offset),
+        return self._made(
+            core.RetryBudget._shared(
+                ratio,
+                capacity,
+                min_per_sec,
+                self._clock,
+                self._view(offset, nbytes),
+                self._lock_at(offset),
+            )
         )
 
     def bulkhead(self, name: str, max_concurrent: int) -> Any:
@@ -602,8 +616,10 @@ class SharedRegion:
             nbytes,
             lambda view: core.shared_init(view, max_concurrent),
         )
-        return core.Bulkhead._shared(
-            max_concurrent, name, self._clock, self._view(offset, nbytes), self._lock_at(offset)
+        return self._made(
+            core.Bulkhead._shared(
+                max_concurrent, name, self._clock, self._view(offset, nbytes), self._lock_at(offset)
+            )
         )
 
     def _cores(self) -> tuple[Any, Any, Any]:

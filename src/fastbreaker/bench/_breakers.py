@@ -176,6 +176,35 @@ def _variant(key: str, label: str, **options: Any) -> Any:
     return factory
 
 
+def _shared(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
+    # "fastbreaker shared": the compiled breaker with its state in a SharedRegion (the region is
+    # unlinked at once: this process's mapping stays, nothing is left in /dev/shm).
+    system, why = _compiled(loop)
+    if system is None:
+        return None, why
+    import os
+    import sys
+
+    if sys.platform == "win32":
+        return None, "SharedRegion is POSIX only"
+    from .._region import region_class
+
+    region = region_class("c")(f"fbbench-{os.getpid()}", size=1 << 16)
+    region.unlink()
+    cb = region.breaker("bench", reset_timeout=OPEN_SECONDS)
+    open_cb = region.breaker("bench-open", reset_timeout=OPEN_SECONDS)
+    open_cb.trip()
+    system.key = "fastbreaker_shared"
+    system.label = "fastbreaker shared"
+    system.ns.update(cb=cb, open_cb=open_cb, region=region)
+    system.api = {
+        k: f"{v}, in a SharedRegion" for k, v in system.api.items() if k != "hosts_call_ns"
+    }
+    system.build_hosts = None
+    system.hosts_stmt = ""
+    return system, ""
+
+
 # Rows of the compiled core with other options (labels fit the table's first column).
 VARIANTS = [
     (
@@ -448,6 +477,7 @@ SECTION = Section(
     systems=[
         ("fastbreaker (compiled)", _compiled),
         ("fastbreaker + fleet", _fleet),
+        ("fastbreaker shared", _shared),
         *VARIANTS,
         ("fastbreaker (pure twin)", _twin),
         ("pybreaker", _pybreaker),

@@ -44,6 +44,7 @@ PAIR_TARGETS = [
         "window=100",
     ),
     ("fastbreaker_dry_run", "call_ns", "dry_run call(f)-f()", 1.05, "fastbreaker", "plain"),
+    ("fastbreaker_shared", "allow_ns", "SharedRegion allow()", 1.3, "fastbreaker", "local"),
 ]
 
 
