@@ -46,6 +46,9 @@ cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_
 # callbacks fired, the outcome classified and recorded. Spares a Python method call.
 cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs)
 
+# BreakerMap's use: the two spare words of a breaker in a SharedRegion (its table slot and tag).
+cdef int64_t *fb_breaker_spare(fb_breaker_t *b) noexcept nogil
+
 # The stored state: 0 CLOSED, 1 OPEN, 2 HALF_OPEN, 3 ISOLATED.
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil
 

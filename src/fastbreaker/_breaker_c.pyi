@@ -6,6 +6,10 @@ from ._breaker_py import (
     Config as Config,
     Group as Group,
     Metrics as Metrics,
+    shared_group_init as shared_group_init,
+    shared_group_size as shared_group_size,
+    shared_init as shared_init,
+    shared_size as shared_size,
 )
 
 @final

@@ -733,6 +733,9 @@ cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs):
     return guarded_run(<CircuitBreaker>breaker, permit, fn, PySequence_Fast_ITEMS(args),
                        len(args), NULL, kwargs)
 
+cdef int64_t *fb_breaker_spare(fb_breaker_t *b) noexcept nogil:
+    return &(<core_t *>b).own.word
+
 cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
     return fb_load_acq(&(<core_t *>b).s.word) & ST_MASK
 
@@ -742,16 +745,31 @@ cdef int fb_breaker_state(fb_breaker_t *b) noexcept nogil:
 cdef class Group:
     """Shared by the breakers of one BreakerMap: how many are not CLOSED, and the trip bound."""
 
-    cdef group_t g
+    cdef group_t own
+    cdef group_t *g      # &own, or the words of a shared map's group in a SharedRegion
+    cdef object _view    # the region block of a shared group: keeps the region mapped
 
     def __cinit__(self, double max_open_ratio):
         frac = Fraction(repr(float(max_open_ratio))).limit_denominator(1_000_000)
+        self.g = &self.own
         self.g.num = frac.numerator
         self.g.den = frac.denominator
 
+    @classmethod
+    def _shared(cls, double max_open_ratio, view, lock=None):
+        """A group whose counts are the words ``view`` of a SharedRegion (a shared map's):
+        ``shared_group_init`` laid them out (``lock`` is for the twin)."""
+        cdef Group self = Group(max_open_ratio)
+        cdef char *base = view_address(view, sizeof(group_t))
+        if (<group_t *>base).num != self.own.num or (<group_t *>base).den != self.own.den:
+            raise ValueError("the shared group was made with another max_open_ratio")
+        self._view = view
+        self.g = <group_t *>base
+        return self
+
     def bound(self):
         """``max(1, floor(max_open_ratio * size))``, computed exactly."""
-        return max_open(&self.g)
+        return max_open(self.g)
 
     def add_size(self, int64_t delta):
         fb_add(&self.g.size, delta)
@@ -763,7 +781,7 @@ cdef class Group:
         """Count one more non-CLOSED breaker if the bound allows it, else count a suppression."""
         cdef int64_t cur = fb_load_rlx(&self.g.open)
         while True:
-            if cur + 1 > max_open(&self.g):
+            if cur + 1 > max_open(self.g):
                 fb_add(&self.g.suppressed, 1)
                 return False
             if fb_cas_strong(&self.g.open, &cur, cur + 1):
@@ -834,7 +852,7 @@ cdef class Config:
         self.c.timed = options.timed
         self.c.nlat = len(options.latency_bounds_ns) + 2 if options.timed else 0
         self.c.use_c_clock = options.clock is None
-        self.c.group = &(<Group>group).g if group is not None else NULL
+        self.c.group = (<Group>group).g if group is not None else NULL
         self.c.owner = <void *>self
 
     def copy(self, *, keep_group=True):
@@ -1151,6 +1169,54 @@ cdef class CircuitBreaker:
         """A breaker whose state is the block ``view`` of a SharedRegion (``shared_init``
         laid it out); ``lock`` is for the twin, which needs one."""
         return attach_shared(config, label, view)
+
+    def _recycle(self, bint info_ok, bint in_flight_ok):
+        """A shared map's eviction: under a claim, if the breaker is CLOSED (and, unless
+        allowed, carries no information and has no call in flight), reset its block to a fresh
+        CLOSED breaker of the next generation (so permits still out are stale) and return its
+        metrics from before; else None."""
+        cdef core_t *b = &self.st
+        cdef int64_t w, gen, hi
+        cdef config_t *c = live(self)
+        cdef extra_t *x = x_of(b)
+        if not is_shared(b):
+            raise TypeError("only a breaker in a SharedRegion is recycled")
+        w = fb_load_acq(&b.s.word)
+        if (w & (ST_MASK | BUSY)) != S_CLOSED or not claim_cas(b, &w):
+            return None
+        try:
+            m = self.metrics()
+        except BaseException:
+            fb_store_rel(&b.s.word, w)
+            raise
+        done = m.successes + m.failures + m.ignored + m.stale
+        idle = m.consecutive_failures == 0 and not m.failure_rate and not m.slow_call_rate
+        if (not in_flight_ok and m.permitted > done) or (not info_ok and not idle):
+            fb_store_rel(&b.s.word, w)
+            return None
+        gen = (w_gen(w) + 1) & GEN_MASK
+        hi = fb_load_rlx(&b.s.gen_hi)
+        fb_store_rlx(&b.s.since_ns, 0)
+        fb_store_rlx(&b.s.permitted, 0)
+        fb_store_rlx(&b.s.rejected, 0)
+        fb_store_rlx(&b.s.successes, 0)
+        fb_store_rlx(&b.s.failures, 0)
+        fb_store_rlx(&b.s.slow_calls, 0)
+        fb_store_rlx(&b.s.ignored, 0)
+        fb_store_rlx(&b.s.stale, 0)
+        if x != NULL:
+            memset(x, 0, sizeof(extra_t) + c.nlat * sizeof(int64_t))
+        clear_window(b, gen)
+        if gen == 0:
+            fb_store_rlx(&b.s.gen_hi, hi + 1)
+        fb_store_rel(&b.s.word, make_word(S_CLOSED, gen, 0, 0, 0))
+        return m
+
+    def _bind(self, int64_t slot, int64_t tag):
+        """A shared map's breaker: the slot of the map's table it was bound to, and that
+        slot's tag then (kept in the spare inline words, which a shared breaker does not use)."""
+        self.st.own.word = slot
+        self.st.own.gen_hi = tag
 
     @classmethod
     def _from_config(cls, Config config not None, label):
@@ -1552,6 +1618,16 @@ cdef tuple block_layout(options):
     elif options.bucket_ns:
         win_size = (options.window_buckets + 1) * sizeof(int64_t)
     return x_at, win_at, win_at + win_size
+
+def shared_group_size():
+    """The bytes of a shared map's group (SharedRegion)."""
+    return sizeof(group_t)
+
+def shared_group_init(view, double max_open_ratio):
+    cdef Group model = Group(max_open_ratio)
+    cdef group_t *g = <group_t *>view_address(view, sizeof(group_t))
+    g.num = model.own.num
+    g.den = model.own.den
 
 def shared_size(options):
     """The bytes of a shared breaker's block (SharedRegion)."""

@@ -19,17 +19,50 @@ raising ``_last``, the latest epoch any reset was made for); one that finds a ne
 is no running total: only a failure or a slow call, the outcomes that can trip, sums the buckets
 whose tags are the epochs of the window, so a success costs one update of one bucket and an
 outcome after a long quiet period costs O(buckets).
+
+Shared-memory mode (``SharedRegion``, ``CircuitBreaker._shared``): the breaker's whole mutable
+state lives in a ``SharedRecord`` of the region, and ``self._lock`` is a ``_SharedState``: entering
+it takes the region's record lock (threads and processes) and loads every state field from the
+record into the attributes; leaving it packs them back (a double-buffered store, skipped when
+nothing changed) and releases. The code between is the same as for a local breaker, so every read
+or write of mutable state happens inside ``with self._lock:``. The config (options, listeners,
+classification, clock) stays per process. The record (``_BreakerLayout``, little-endian)::
+
+    27 int64        state, gen, inflight, probe_ok, level, since_ns, consec, head, rec, fail,
+                    slow, last, permitted, rejected, successes, failures, slow_calls, ignored,
+                    stale, opened, fleet_gen, would_reject, open_ns, open_from, probe_ok_total,
+                    probe_failed, timeouts
+    window bytes    the count window's ring (window > 0 only)
+    4 uint32 each   the time window's buckets: tag, recorded, failed, slow (window_seconds only)
+    int64 each      the latency histogram: a count per bound, the overflow count, the sum in ns
+                    (slow_call_duration or record_latency only)
 """
 
 from __future__ import annotations
 
 import bisect
 import inspect
+import itertools
 import math
+import os
+import struct
 import threading
+import time
+import weakref
+from contextlib import AbstractContextManager
 from fractions import Fraction
 from time import monotonic_ns as _monotonic_ns
-from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar, final
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Optional,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    final,
+)
 
 from . import _calls
 from ._durations import read_clock
@@ -66,6 +99,228 @@ CLOSED, OPEN, HALF_OPEN, ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, S
 _MAX_LEVEL = 40  # backoff doublings beyond this are capped anyway
 _TAG_MASK = (1 << 22) - 1  # a bucket's tag: its epoch modulo 2**22
 _listener_lock = threading.Lock()
+_STATES = (CLOSED, OPEN, HALF_OPEN, ISOLATED)  # by int value
+
+
+# -- shared-memory mode (SharedRegion) -----------------------------------------------------------
+class _Layout(Protocol):
+    """How one kind of twin object packs its mutable state into a fixed-size record."""
+
+    @property
+    def size(self) -> int: ...
+
+    def load(self, owner: Any, data: bytes) -> None: ...
+
+    def pack(self, owner: Any) -> bytes: ...
+
+
+class _SharedState:
+    """The ``_lock`` of a twin object whose state lives in a ``SharedRegion``.
+
+    ``with obj._lock:`` takes the region's ``RecordLock`` (a thread lock plus an ``fcntl``
+    record lock that the kernel drops when its process dies), then loads the object's state
+    fields from its ``SharedRecord``; leaving packs them back (``SharedRecord.store`` writes the
+    copy not in use, then flips the selector, so a process killed halfway leaves the previous
+    state whole) unless nothing changed, then releases. Used by the breaker, the retry budget
+    and the bulkhead twins; not re-entrant, like the ``threading.Lock`` it replaces. It holds
+    its object weakly, so that dropping the object frees its view of the region.
+    """
+
+    __slots__ = ("_owner", "_lock", "_record", "_layout", "_loaded")
+
+    def __init__(
+        self,
+        owner: Any,
+        view: memoryview,
+        lock: AbstractContextManager[Any],
+        layout: _Layout,
+    ) -> None:
+        from ._region import SharedRecord
+
+        self._owner = weakref.ref(owner)
+        self._lock = lock
+        self._record = SharedRecord(view, layout.size)
+        self._layout = layout
+        self._loaded = b""
+
+    def __enter__(self) -> None:
+        self._lock.__enter__()  # the RecordLock (it retries a spurious EDEADLK)
+        try:
+            data = self._record.load()
+            self._layout.load(self._owner(), data)
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        self._loaded = data
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            data = self._layout.pack(self._owner())
+            if data != self._loaded:
+                self._record.store(data)
+        finally:
+            self._loaded = b""
+            self._lock.__exit__(None, None, None)
+
+
+def is_shared(obj: object) -> bool:
+    """Whether a twin object's state lives in a SharedRegion."""
+    return type(getattr(obj, "_lock", None)) is _SharedState
+
+
+_SCALARS = struct.Struct("<27q")
+
+
+class _BreakerLayout:
+    """A shared breaker's record (see the module docstring); its size follows the options."""
+
+    __slots__ = ("size", "_window", "_buckets", "_lat", "_seen")
+
+    def __init__(self, options: BreakerOptions) -> None:
+        # the time window's buckets as this object last loaded or stored them: when the record
+        # holds the same bytes, its lists already match (rebuilding 1000 buckets costs ~0.1 ms)
+        self._seen: Optional[bytes] = None
+        self._window = options.window
+        nb = options.window_buckets if options.window_ns else 0
+        self._buckets = struct.Struct(f"<{4 * nb}I") if nb else None
+        nl = len(options.latency_bounds_ns) + 2 if options.timed else 0
+        self._lat = struct.Struct(f"<{nl}q") if nl else None
+        self.size = (
+            _SCALARS.size
+            + self._window
+            + (self._buckets.size if self._buckets is not None else 0)
+            + (self._lat.size if self._lat is not None else 0)
+        )
+
+    def load(self, b: "CircuitBreaker", data: bytes) -> None:
+        (
+            state,
+            b._gen,
+            b._inflight,
+            b._probe_ok,
+            b._level,
+            b._since_ns,
+            b._consec,
+            b._head,
+            b._rec,
+            b._fail,
+            b._slow,
+            b._last,
+            b._permitted,
+            b._rejected,
+            b._successes,
+            b._failures,
+            b._slow_calls,
+            b._ignored,
+            b._stale,
+            b._opened,
+            b._fleet_gen,
+            b._would_reject,
+            b._open_ns,
+            b._open_from,
+            b._probe_ok_total,
+            b._probe_failed,
+            b._timeouts,
+        ) = _SCALARS.unpack_from(data)
+        b._state = _STATES[state]
+        at = _SCALARS.size
+        if self._window:
+            b._ring = bytearray(memoryview(data)[at : at + self._window])
+            at += self._window
+        if self._buckets is not None:
+            end = at + self._buckets.size
+            raw = data[at:end]
+            if raw != self._seen:
+                flat = iter(self._buckets.unpack(raw))
+                b._buckets = [list(t) for t in zip(flat, flat, flat, flat)]
+                self._seen = raw
+            at = end
+        if self._lat is not None:
+            lat = b._lat
+            assert lat is not None
+            lat[:] = self._lat.unpack_from(data, at)
+
+    def pack(self, b: "CircuitBreaker") -> bytes:
+        self._seen = None  # until packed: a failure below leaves the lists unstored
+        parts: list[bytes | bytearray] = [
+            _SCALARS.pack(
+                int(b._state),
+                b._gen,
+                b._inflight,
+                b._probe_ok,
+                b._level,
+                b._since_ns,
+                b._consec,
+                b._head,
+                b._rec,
+                b._fail,
+                b._slow,
+                b._last,
+                b._permitted,
+                b._rejected,
+                b._successes,
+                b._failures,
+                b._slow_calls,
+                b._ignored,
+                b._stale,
+                b._opened,
+                b._fleet_gen,
+                b._would_reject,
+                b._open_ns,
+                b._open_from,
+                b._probe_ok_total,
+                b._probe_failed,
+                b._timeouts,
+            )
+        ]
+        if self._window:
+            assert b._ring is not None
+            parts.append(b._ring)
+        if self._buckets is not None:
+            assert b._buckets is not None
+            raw = self._buckets.pack(*itertools.chain.from_iterable(b._buckets))
+            parts.append(raw)
+        if self._lat is not None:
+            assert b._lat is not None
+            parts.append(self._lat.pack(*b._lat))
+        if self._buckets is not None:
+            self._seen = raw
+        return b"".join(parts)
+
+
+def shared_size(options: BreakerOptions) -> int:
+    """The bytes of a shared breaker's state block in a SharedRegion."""
+    from ._region import SharedRecord
+
+    return SharedRecord.footprint(_BreakerLayout(options).size)
+
+
+def shared_init(view: memoryview, options: BreakerOptions) -> None:
+    """Write a new shared breaker's state (CLOSED, generation 0, empty windows, zero counters)
+    into ``view`` (zero-filled, ``shared_size(options)`` bytes; under the region's lock)."""
+    from ._region import SharedRecord
+
+    layout = _BreakerLayout(options)
+    fresh = CircuitBreaker.__new__(CircuitBreaker)
+    fresh._setup(Config(options), options.name)
+    SharedRecord(view, layout.size).store(layout.pack(fresh))
+
+
+_stall_fd = -1
+
+
+def _test_stall_in_claim(fd: int) -> None:
+    """Test hook: while ``fd >= 0``, the next state transition of a shared breaker (with the
+    record lock held, its fields changed but not stored) writes b"x" to ``fd`` and blocks
+    forever, so that a test can kill the process there. ``-1`` disables it."""
+    global _stall_fd
+    _stall_fd = int(fd)
+
+
+def _stall() -> None:
+    os.write(_stall_fd, b"x")
+    while True:
+        time.sleep(3600)
 
 
 class Group:
@@ -80,6 +335,12 @@ class Group:
         self.size = 0
         self.suppressed = 0
         self._lock = threading.Lock()
+
+    @classmethod
+    def _shared(cls, max_open_ratio: float, view: memoryview, lock: Any = None) -> "Group":
+        """A group whose counts are the words ``view`` of a SharedRegion (a shared map's),
+        laid out by ``shared_group_init``, changed under ``lock``."""
+        return _SharedGroup(max_open_ratio, view, lock)
 
     def bound(self) -> int:
         """``max(1, floor(max_open_ratio * size))``, computed exactly."""
@@ -103,6 +364,74 @@ class Group:
             self.size += delta
 
 
+class _SharedGroup(Group):
+    """A shared map's Group: its counts are five int64 words of a SharedRegion (open, size,
+    suppressed, and max_open_ratio as num/den), changed under the region's record lock."""
+
+    __slots__ = ("_view", "_rlock")
+
+    def __init__(self, max_open_ratio: float, view: memoryview, lock: Any) -> None:
+        frac = Fraction(repr(float(max_open_ratio))).limit_denominator(1_000_000)
+        self._view = view
+        self._rlock = lock
+        if _GROUP.unpack_from(view)[3:] != (frac.numerator, frac.denominator):
+            raise ValueError("the shared group was made with another max_open_ratio")
+        self._num, self._den = frac.numerator, frac.denominator
+
+    def _words(self) -> tuple[int, ...]:
+        return tuple(_GROUP.unpack_from(self._view))
+
+    @property
+    def open(self) -> int:  # type: ignore[override]
+        return self._words()[0]
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return self._words()[1]
+
+    @property
+    def suppressed(self) -> int:  # type: ignore[override]
+        return self._words()[2]
+
+    def _add(self, index: int, delta: int) -> None:
+        at = 8 * index
+        with self._rlock:
+            struct.pack_into(
+                "<q", self._view, at, struct.unpack_from("<q", self._view, at)[0] + delta
+            )
+
+    def bound(self) -> int:
+        return max(1, self.size * self._num // self._den)
+
+    def try_reserve(self) -> bool:
+        with self._rlock:
+            open_, size, suppressed = self._words()[:3]
+            if open_ + 1 > max(1, size * self._num // self._den):
+                struct.pack_into("<q", self._view, 16, suppressed + 1)
+                return False
+            struct.pack_into("<q", self._view, 0, open_ + 1)
+            return True
+
+    def add_open(self, delta: int) -> None:
+        self._add(0, delta)
+
+    def add_size(self, delta: int) -> None:
+        self._add(1, delta)
+
+
+_GROUP = struct.Struct("<5q")
+
+
+def shared_group_size() -> int:
+    """The bytes of a shared map's group (SharedRegion)."""
+    return _GROUP.size
+
+
+def shared_group_init(view: memoryview, max_open_ratio: float) -> None:
+    frac = Fraction(repr(float(max_open_ratio))).limit_denominator(1_000_000)
+    _GROUP.pack_into(view, 0, 0, 0, 0, frac.numerator, frac.denominator)
+
+
 class Config:
     """Options plus what a BreakerMap shares with its breakers (group and state-change hook).
 
@@ -110,7 +439,7 @@ class Config:
     BreakerMap) gets a private copy when its first callback is registered.
     """
 
-    __slots__ = ("options", "group", "hook", "listeners", "shared", "retired")
+    __slots__ = ("options", "group", "hook", "listeners", "shared", "retired", "region_view")
 
     def __init__(
         self,
@@ -128,11 +457,15 @@ class Config:
         # references keep a config alive while it is read); it keeps the same list as the
         # compiled core so that both hold the same objects.
         self.retired: list[Config] = []
+        # A shared breaker's block in a SharedRegion (as in the compiled core): keeps the
+        # region's mapping alive while a breaker or a copy of its config uses it.
+        self.region_view: Optional[memoryview] = None
 
     def copy(self, *, keep_group: bool = True) -> "Config":
         """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
         other = Config(self.options, self.group if keep_group else None, self.hook)
         other.listeners = list(self.listeners)
+        other.region_view = self.region_view
         return other
 
     def reconfigure(self, options: BreakerOptions) -> None:
@@ -234,10 +567,28 @@ class CircuitBreaker:
         self._setup(config, label)
         return self
 
+    @classmethod
+    def _shared(
+        cls,
+        config: Config,
+        label: str,
+        view: memoryview,
+        lock: AbstractContextManager[Any],
+    ) -> "CircuitBreaker":
+        """A breaker whose mutable state lives in ``view`` (a SharedRegion's state block, made
+        by ``shared_init`` with the same options), guarded by the region's ``lock``."""
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a Config, got {config!r}")
+        config.region_view = view
+        self = cls.__new__(cls)
+        self._setup(config, label)
+        self._lock = _SharedState(self, view, lock, _BreakerLayout(config.options))
+        return self
+
     def _setup(self, config: Config, label: object) -> None:
         self._config = config
         self._label = label
-        self._lock = threading.Lock()
+        self._lock: AbstractContextManager[Any] = threading.Lock()
         self._state = CLOSED
         self._gen = 0
         self._inflight = 0
@@ -262,6 +613,37 @@ class CircuitBreaker:
         self._timeouts = 0
         # latency histogram: a count per bound, the overflow count, then the sum in ns
         self._lat = [0] * (len(opts.latency_bounds_ns) + 2) if opts.timed else None
+
+    def _recycle(self, info_ok: bool, in_flight_ok: bool) -> Optional[Metrics]:
+        """A shared map's eviction: if the breaker is CLOSED (and, unless allowed, carries no
+        information and has no call in flight), reset its state to a fresh CLOSED breaker of the
+        next generation (so permits still out are stale) and return its metrics from before;
+        else None. Refused too when a call reached it between the snapshot and the reset."""
+        if not is_shared(self):
+            raise TypeError("only a breaker in a SharedRegion is recycled")
+        m = self.metrics()
+        done = m.successes + m.failures + m.ignored + m.stale
+        idle = m.consecutive_failures == 0 and not m.failure_rate and not m.slow_call_rate
+        if m.state != CLOSED or (not in_flight_ok and m.permitted > done):
+            return None
+        if not info_ok and not idle:
+            return None
+        with self._lock:
+            seen = (
+                self._state,
+                self._permitted,
+                self._rejected,
+                self._successes + self._failures + self._ignored + self._stale,
+            )
+            if seen != (CLOSED, m.permitted, m.rejected, done):
+                return None
+            lock, gen = self._lock, self._gen
+            self._setup(self._config, self._label)
+            self._lock, self._gen = lock, gen + 1
+        return m
+
+    def _bind(self, slot: int, tag: int) -> None:
+        """A shared map's breaker bound to a table slot (the map keeps the binding itself)."""
 
     # -- time -------------------------------------------------------------------------------
     def _now(self) -> int:
@@ -294,6 +676,8 @@ class CircuitBreaker:
         elif new == CLOSED:
             self._consec = 0
             self._clear_window()
+        if _stall_fd >= 0 and type(self._lock) is _SharedState:
+            _stall()  # the test hook: killed here, the record still holds the state before
         return old, new
 
     def _clear_window(self) -> None:
@@ -590,14 +974,18 @@ class CircuitBreaker:
 
     def isolate(self) -> None:
         """Reject every call until ``reset()``."""
-        now = self._now() if self._state == OPEN else 0  # the end of an OPEN episode
+        with self._lock:
+            was_open = self._state == OPEN
+        now = self._now() if was_open else 0  # the end of an OPEN episode
         with self._lock:
             trans = self._enter(ISOLATED, now)
         self._fire(trans)
 
     def reset(self) -> None:
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
-        now = self._now() if self._state == OPEN else 0
+        with self._lock:
+            was_open = self._state == OPEN
+        now = self._now() if was_open else 0
         with self._lock:
             self._level = 0
             trans = self._enter(CLOSED, now)
@@ -607,7 +995,8 @@ class CircuitBreaker:
     @property
     def state(self) -> State:
         """The stored state (reading it never makes a transition)."""
-        state = self._state
+        with self._lock:  # an uninitialised breaker's placeholder lock raises here
+            state = self._state
         if type(state) is not State:  # made with __new__: the placeholder
             raise RuntimeError(_NOT_INITIALISED)
         return state
@@ -640,19 +1029,19 @@ class CircuitBreaker:
 
     def _observe(self, elapsed_ns: int) -> None:
         """Add a timed call's duration to the latency histogram (no-op when not timing)."""
-        lat = self._lat
-        if lat is None:
+        if self._lat is None:
             return
         i = bisect.bisect_left(self._config.options.latency_bounds_ns, elapsed_ns)
         with self._lock:
+            lat = self._lat
             lat[i] += 1
             lat[-1] += elapsed_ns
 
     def _latency(self) -> Optional[Latency]:
-        lat = self._lat
-        if lat is None:
+        if self._lat is None:
             return None
         with self._lock:
+            lat = self._lat
             counts = tuple(lat[:-1])
             total = lat[-1]
         return Latency(self._config.options.latency_bounds, counts, total / 1e9, sum(counts))
@@ -744,7 +1133,7 @@ class CircuitBreaker:
     def __repr__(self) -> str:
         if is_uninitialised(self._config):
             return "<CircuitBreaker (not initialised)>"
-        return f"<CircuitBreaker name={self.name!r} state={self._state.name}>"
+        return f"<CircuitBreaker name={self.name!r} state={self.state.name}>"
 
     # -- fleet coordination (fastbreaker.contrib.redis) -------------------------------------------
     def _fleet(
@@ -795,7 +1184,9 @@ class CircuitBreaker:
                 f"probes must be in 0..{opts.half_open_max_calls} (half_open_max_calls), "
                 f"got {probes!r}"
             )
-        now = self._now() if fleet_gen > self._fleet_gen else 0
+        with self._lock:
+            newer = fleet_gen > self._fleet_gen
+        now = self._now() if newer else 0
         trans = None
         applied = False
         with self._lock:

@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import NoReturn, final
 
+from ._budget_py import shared_init as shared_init, shared_size as shared_size
+
 @final
 class RetryBudget:
     def __init__(

@@ -11,15 +11,23 @@ A token bucket that bounds how many retries a client may send:
 
 Tokens are fixed-point integers (``UNIT`` units per token) so that both implementations do the
 same integer arithmetic and give identical results; every intermediate value stays inside int64.
+
+Shared-memory mode (``SharedRegion.retry_budget``, ``RetryBudget._shared``): the tokens and the
+last refill time live in a ``SharedRecord`` of the region (two little-endian int64: tokens in
+units, last_ns), and ``self._lock`` is the breaker twin's ``_SharedState``, which loads them on
+entry and stores them on exit under the region's record lock; the deposit, capacity, rate and
+clock come from the constructor's arguments in each process.
 """
 
 from __future__ import annotations
 
 import inspect
+import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import final
+from contextlib import AbstractContextManager
+from typing import Any, final
 
 from ._durations import check_clock, read_clock
 from ._errors import is_uninitialised, not_copyable, uninitialised
@@ -28,6 +36,38 @@ from ._options import TOKEN_UNIT as UNIT, budget_units, class_signature
 __all__ = ["RetryBudget"]
 
 _US_PER_SEC = 1_000_000
+
+
+_RECORD = struct.Struct("<2q")  # tokens (units), last refill (ns)
+
+
+class _BudgetLayout:
+    """A shared budget's record: tokens and the last refill time."""
+
+    __slots__ = ()
+    size = _RECORD.size
+
+    def load(self, b: "RetryBudget", data: bytes) -> None:
+        b._tokens, b._last_ns = _RECORD.unpack(data)
+
+    def pack(self, b: "RetryBudget") -> bytes:
+        return _RECORD.pack(b._tokens, b._last_ns)
+
+
+def shared_size() -> int:
+    """The bytes of a shared budget's state block in a SharedRegion."""
+    from ._region import SharedRecord
+
+    return SharedRecord.footprint(_RECORD.size)
+
+
+def shared_init(view: memoryview, capacity_units: int, clock: Callable[[], int] | None) -> None:
+    """Write a new shared budget's state into ``view`` (zero-filled, ``shared_size()`` bytes):
+    full, last refilled now (``clock``, or the monotonic clock when None)."""
+    from ._region import SharedRecord
+
+    now = time.monotonic_ns() if clock is None else read_clock(clock)
+    SharedRecord(view, _RECORD.size).store(_RECORD.pack(capacity_units, now))
 
 
 def _initialised(obj: object) -> bool:
@@ -103,9 +143,32 @@ class RetryBudget:
         self._deposit, self._capacity, self._rate = budget_units(ratio, capacity, min_per_sec)
         check_clock(clock)
         self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
-        self._lock = threading.Lock()
+        self._lock: AbstractContextManager[Any] = threading.Lock()
         self._tokens = self._capacity
         self._last_ns = read_clock(self._clock)
+
+    @classmethod
+    def _shared(
+        cls,
+        ratio: float,
+        capacity: float,
+        min_per_sec: float,
+        clock: Callable[[], int] | None,
+        view: memoryview,
+        lock: AbstractContextManager[Any],
+    ) -> "RetryBudget":
+        """A budget whose tokens live in ``view`` (a SharedRegion's state block, made by
+        ``shared_init``), guarded by the region's ``lock``; it never reads the clock here."""
+        from ._breaker_py import _SharedState
+
+        self = cls.__new__(cls)
+        self._deposit, self._capacity, self._rate = budget_units(ratio, capacity, min_per_sec)
+        check_clock(clock)
+        self._clock = time.monotonic_ns if clock is None else clock
+        self._tokens = self._capacity
+        self._last_ns = 0
+        self._lock = _SharedState(self, view, lock, _BudgetLayout())
+        return self
 
     def record_success(self) -> None:
         """Deposit ``ratio`` tokens, up to ``capacity``. Never reads the clock."""
@@ -175,9 +238,11 @@ class RetryBudget:
     def __repr__(self) -> str:
         if not _initialised(self):
             return "<RetryBudget (not initialised)>"
+        with self._lock:
+            tokens = self._tokens
         return (
             f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
-            f"min_per_sec={self.min_per_sec!r}, tokens={float(self._tokens) / UNIT!r})"
+            f"min_per_sec={self.min_per_sec!r}, tokens={float(tokens) / UNIT!r})"
         )
 
 

@@ -4,14 +4,32 @@ The counters (``in_flight``, ``waiting``, the limit and the metrics) are plain i
 under one lock; the compiled core keeps them in atomic words. Waiting, the FIFO handoff and the
 call paths are shared by both cores and live in ``_bulkhead``; the AIMD step is
 ``_bulkhead.aimd`` and the gradient algorithm ``_limit_gradient``.
+
+Shared-memory mode (``SharedRegion.bulkhead``, ``Bulkhead._shared``): the slots and counters live
+in a ``SharedRecord`` of the region, and ``self._lock`` is the breaker twin's ``_SharedState``
+(it loads them on entry and stores them on exit under the region's record lock). The record::
+
+    7 int64 (little-endian)     admitted, rejected, timed_out, cancelled, waited, peak,
+                                last_reclaim_ns (the last scan for dead owners; INT64_MIN: never)
+    max_concurrent int32        the owner of each slot, a pid (0: free), in native byte order
+
+A slot records the process that holds it: ``try_acquire()`` writes this process's pid in a free
+slot; when none is free it frees the slots of processes that no longer exist (at most once every
+100 ms per bulkhead, on the bulkhead's clock) and tries again. ``release()`` frees a slot held by
+this process. A shared bulkhead never waits (``max_wait=0``, ``max_waiting=0``): nobody in another
+process could wake a waiter.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import struct
 import threading
 import time
+from array import array
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Awaitable, Optional, TypeVar, final
 
@@ -30,6 +48,100 @@ T = TypeVar("T")
 
 def _initialised(obj: object) -> bool:
     return not is_uninitialised(obj._ready)  # type: ignore[attr-defined]
+
+
+# -- shared-memory mode (SharedRegion) ---------------------------------------------------------
+_COUNTERS = struct.Struct("<7q")
+_NEVER = -(2**63)  # last_reclaim_ns before the first scan
+RECLAIM_INTERVAL_NS = 100_000_000
+"""A shared bulkhead scans its slots for dead owners at most this often (100 ms)."""
+
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_refresh_pid)
+
+
+def _owner_array(n: int) -> "array[int]":
+    owners = array("i", bytes(4 * n))
+    assert owners.itemsize == 4
+    return owners
+
+
+class _BulkheadLayout:
+    """A shared bulkhead's record (see the module docstring)."""
+
+    __slots__ = ("size", "_n")
+
+    def __init__(self, max_concurrent: int) -> None:
+        self._n = max_concurrent
+        self.size = _COUNTERS.size + 4 * max_concurrent
+
+    def load(self, b: "_Slots", data: bytes) -> None:
+        (
+            b._admitted,
+            b._rejected,
+            b._timed_out,
+            b._cancelled,
+            b._waited,
+            b._peak,
+            b._reclaim_ns,
+        ) = _COUNTERS.unpack_from(data)
+        owners = array("i")
+        owners.frombytes(memoryview(data)[_COUNTERS.size :])
+        b._owners = owners
+        b._in_flight = self._n - owners.count(0)
+        b._waiting = 0
+
+    def pack(self, b: "_Slots") -> bytes:
+        owners = b._owners
+        assert owners is not None
+        return (
+            _COUNTERS.pack(
+                b._admitted,
+                b._rejected,
+                b._timed_out,
+                b._cancelled,
+                b._waited,
+                b._peak,
+                b._reclaim_ns,
+            )
+            + owners.tobytes()
+        )
+
+
+def shared_size(max_concurrent: int) -> int:
+    """The bytes of a shared bulkhead's state block in a SharedRegion."""
+    from ._region import SharedRecord
+
+    return SharedRecord.footprint(_BulkheadLayout(max_concurrent).size)
+
+
+def shared_init(view: memoryview, max_concurrent: int) -> None:
+    """Write a new shared bulkhead's state into ``view`` (zero-filled, ``shared_size()``
+    bytes): every slot free, zero counters, never scanned for dead owners."""
+    from ._region import SharedRecord
+
+    layout = _BulkheadLayout(max_concurrent)
+    data = _COUNTERS.pack(0, 0, 0, 0, 0, 0, _NEVER) + _owner_array(max_concurrent).tobytes()
+    SharedRecord(view, layout.size).store(data)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie, not yet reaped by its parent, still does)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, run by another user
+    return True
 
 
 class _Slots:
@@ -51,13 +163,15 @@ class _Slots:
         "_max_waiting",
         "_clock",
         "_ready",
+        "_owners",
+        "_reclaim_ns",
         "__weakref__",
     )
 
     def _setup(self, wait_s: float, max_waiting: int, name: Optional[str], clock: Any) -> None:
         if _initialised(self):
             raise RuntimeError(f"{type(self).__name__}.__init__ called twice: create a new one")
-        self._lock = threading.Lock()
+        self._lock: AbstractContextManager[Any] = threading.Lock()
         self._queue = _b.WaitQueue()
         self._in_flight = self._waiting = 0
         self._admitted = self._rejected = self._timed_out = self._cancelled = 0
@@ -66,6 +180,9 @@ class _Slots:
         self._max_wait = wait_s
         self._max_waiting = max_waiting
         self._clock: Callable[[], int] = time.monotonic_ns if clock is None else clock
+        # shared mode (a SharedRegion's bulkhead): the owner pid of each slot; None when local
+        self._owners: Optional[array[int]] = None
+        self._reclaim_ns = _NEVER
         self._ready = True
 
     def __new__(cls, *args: object, **kwargs: object) -> Any:
@@ -98,6 +215,8 @@ class _Slots:
 
     def _try_admit(self) -> bool:
         with self._lock:
+            if self._owners is not None:
+                return self._take_slot()
             if self._waiting == 0 and self._in_flight < self._cap():
                 self._in_flight += 1
                 self._admitted += 1
@@ -110,12 +229,60 @@ class _Slots:
         """Take a slot if one is free and nobody waits for one; never waits."""
         if self._try_admit():
             return True
+        now = self._now() if self._owners is not None else 0
         with self._lock:
+            if self._owners is not None and (
+                self._take_slot() or (self._reclaim(now) and self._take_slot())
+            ):
+                return True
             self._rejected += 1
         return False
 
+    def _take_slot(self) -> bool:
+        """Shared mode, under the lock: write this process's pid in a free slot."""
+        owners = self._owners
+        assert owners is not None
+        try:
+            i = owners.index(0)
+        except ValueError:
+            return False
+        owners[i] = _pid
+        self._in_flight += 1
+        self._admitted += 1
+        if self._in_flight > self._peak:
+            self._peak = self._in_flight
+        return True
+
+    def _reclaim(self, now: int) -> bool:
+        """Shared mode, under the lock: free the slots of processes that no longer exist, at
+        most once every RECLAIM_INTERVAL_NS (on this bulkhead's clock). Whether any was freed."""
+        if now - self._reclaim_ns < RECLAIM_INTERVAL_NS:
+            return False  # scanned less than 100 ms ago (by any process)
+        self._reclaim_ns = now
+        owners = self._owners
+        assert owners is not None
+        dead = {pid for pid in set(owners) if pid and pid != _pid and not _alive(pid)}
+        if not dead:
+            return False
+        for i, pid in enumerate(owners):
+            if pid in dead:
+                owners[i] = 0
+                self._in_flight -= 1
+        return True
+
     def _release_slot(self) -> None:
         with self._lock:
+            if self._owners is not None:
+                owners = self._owners
+                try:
+                    i = owners.index(_pid)
+                except ValueError:
+                    raise RuntimeError(
+                        "release() without a matching acquisition: nothing is held"
+                    ) from None
+                owners[i] = 0
+                self._in_flight -= 1
+                return
             if self._in_flight == 0:
                 raise RuntimeError("release() without a matching acquisition: nothing is held")
             if self._waiting == 0:
@@ -181,12 +348,14 @@ class _Slots:
     @property
     def in_flight(self) -> int:
         """Slots held now (including one being handed to a waiter)."""
-        return self._in_flight
+        with self._lock:
+            return self._in_flight
 
     @property
     def waiting(self) -> int:
         """Callers waiting for a slot now."""
-        return self._waiting
+        with self._lock:
+            return self._waiting
 
     @property
     def max_concurrent(self) -> int:
@@ -292,6 +461,28 @@ class Bulkhead(_Slots):
         self._setup(wait_s, waiting, name, clock)
         self._max = cap
 
+    @classmethod
+    def _shared(
+        cls,
+        max_concurrent: int,
+        name: Optional[str],
+        clock: Optional[Callable[[], int]],
+        view: memoryview,
+        lock: AbstractContextManager[Any],
+    ) -> "Bulkhead":
+        """A bulkhead whose slots live in ``view`` (a SharedRegion's state block, made by
+        ``shared_init`` with the same ``max_concurrent``), guarded by the region's ``lock``.
+        It never waits (``max_wait=0``, ``max_waiting=0``)."""
+        from ._breaker_py import _SharedState
+
+        cap, wait_s, waiting, name = _b.check_bulkhead(max_concurrent, 0.0, 0, name, clock)
+        self: Bulkhead = cls.__new__(cls)
+        self._setup(wait_s, waiting, name, clock)
+        self._max = cap
+        self._owners = _owner_array(cap)
+        self._lock = _SharedState(self, view, lock, _BulkheadLayout(cap))
+        return self
+
     def _cap(self) -> int:
         return self._max
 
@@ -308,10 +499,12 @@ class Bulkhead(_Slots):
     def __repr__(self) -> str:
         if not _initialised(self):
             return "<Bulkhead (not initialised)>"
+        with self._lock:
+            in_flight, waiting = self._in_flight, self._waiting
         return (
             f"Bulkhead(max_concurrent={self._max}, max_wait={self._max_wait!r}, "
-            f"max_waiting={self._max_waiting}, name={self._name!r}, in_flight={self._in_flight}, "
-            f"waiting={self._waiting})"
+            f"max_waiting={self._max_waiting}, name={self._name!r}, in_flight={in_flight}, "
+            f"waiting={waiting})"
         )
 
 
@@ -442,9 +635,11 @@ class AdaptiveLimiter(_Slots):
         if not _initialised(self):
             return "<AdaptiveLimiter (not initialised)>"
         alg = "aimd" if self._gradient is None else "gradient"
+        with self._lock:
+            in_flight, waiting = self._in_flight, self._waiting
         return (
             f"AdaptiveLimiter(limit={self._limit!r}, algorithm={alg!r}, name={self._name!r}, "
-            f"in_flight={self._in_flight}, waiting={self._waiting})"
+            f"in_flight={in_flight}, waiting={waiting})"
         )
 
 

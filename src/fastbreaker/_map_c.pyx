@@ -23,11 +23,18 @@ from cpython.ref cimport PyObject, Py_DECREF
 from libc.stdint cimport int64_t
 
 from ._breaker_c cimport (fb_breaker_t, fb_breaker_handle, fb_breaker_acquire_closed,
-                          fb_breaker_call, fb_breaker_state)
+                          fb_breaker_call, fb_breaker_state, fb_breaker_spare)
+
+cdef extern from "_fb_atomic.h" nogil:
+    int64_t fb_load_acq(int64_t *p)
 
 from . import _breaker_c
 from . import _map_steps as _steps
 from ._options import class_signature
+from ._region_map import SLOT_SIZE as _SLOT_SIZE, SLOTS_AT as _SLOTS_AT
+
+cdef int64_t SLOT_SIZE = _SLOT_SIZE
+cdef int64_t SLOTS_AT = _SLOTS_AT
 
 cdef extern from *:
     """
@@ -50,12 +57,18 @@ cdef extern from *:
 
 cdef inline object lookup(BreakerMap m, object key):
     cdef PyObject *p = fb_map_get(m._d, key)
+    cdef int64_t *bound
     if p == NULL:
         # absent, or unhashable: _new raises the error that names the parameter
         PyErr_Clear()
         return _steps._new(m, key)
     breaker = <object>p
     Py_DECREF(breaker)  # <object> took its own reference
+    if m.tags != NULL:
+        # a shared map (_region_map): the slot must still hold this key (its tag unchanged)
+        bound = fb_breaker_spare(fb_breaker_handle(breaker))
+        if fb_load_acq(<int64_t *>(m.tags + bound[0] * SLOT_SIZE)) != bound[1]:
+            return _steps._new(m, key)
     return breaker
 
 
@@ -75,6 +88,8 @@ cdef class BreakerMap:
     cdef readonly dict _d
     cdef public object _options, _group, _config, _detached, _hook, _lock
     cdef public object _max_keys, _room, _evicted, _untracked, _dropped, _owner
+    cdef public object _table, _bound  # a shared map's table (_region_map), else None
+    cdef char *tags                    # a shared map's first slot tag, else NULL
     cdef object __weakref__
 
     # The rare paths are the twin's functions, so that their logic exists once.
@@ -85,6 +100,11 @@ cdef class BreakerMap:
 
     def __init__(self, *args, **kwargs):
         _steps._init(self, *args, **kwargs)
+
+    def _set_tags(self, view):
+        """A shared map: ``view`` is its block in the region (the slots' tags are read there)."""
+        cdef const unsigned char[::1] mv = view
+        self.tags = <char *>&mv[SLOTS_AT]
 
     # -- the call path ---------------------------------------------------------------------------
     # An uninitialised map (made with __new__) has an empty dict: every keyed call reaches
@@ -129,16 +149,22 @@ cdef class BreakerMap:
         """The key's breaker, or None; never creates one."""
         if self._config is None:
             raise _steps._uninitialised()
+        if self._table is not None:
+            return _steps._shared_get(self, key)
         return self._d.get(key)
 
     def __contains__(self, key):
         if self._config is None:
             raise _steps._uninitialised()
+        if self._table is not None:
+            return _steps._shared_contains(self, key)
         return key in self._d
 
     def __len__(self):
         if self._config is None:
             raise _steps._uninitialised()
+        if self._table is not None:
+            return self._table.assigned
         return len(self._d)
 
     # -- the rest ----------------------------------------------------------------------------------

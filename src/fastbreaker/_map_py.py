@@ -17,6 +17,7 @@ from typing import (
     Iterator,
     Optional,
     TypeVar,
+    cast,
     final,
 )
 
@@ -36,6 +37,8 @@ from ._map_steps import (
     _open_keys,
     _refuse_copy,
     _repr,
+    _shared_contains,
+    _shared_get,
     _uninitialised,
     map_signature,
 )
@@ -105,6 +108,8 @@ class BreakerMap:
         "_untracked",
         "_dropped",
         "_owner",
+        "_table",
+        "_bound",
         "__weakref__",
     )
 
@@ -122,6 +127,8 @@ class BreakerMap:
     _untracked: int
     _dropped: dict[str, int]
     _owner: Optional[int]
+    _table: Any  # a shared map's table (_region_map.SharedTable), else None
+    _bound: dict[Hashable, tuple[int, int]]  # a shared map: key -> (slot, tag) bound
 
     def __init__(
         self,
@@ -133,6 +140,8 @@ class BreakerMap:
         """Every breaker option but ``name`` (see ``BreakerOptions``), plus the map's own."""
         _init(self, *args, max_open_ratio=max_open_ratio, max_keys=max_keys, **options)
         self._d = {}
+        self._table = None
+        self._bound = {}
 
     # -- the call path ---------------------------------------------------------------------------
     def _breaker(self, key: Hashable) -> CircuitBreaker:
@@ -140,7 +149,15 @@ class BreakerMap:
             breaker = self._d.get(key)
         except TypeError:  # unhashable: _new raises the error that names the parameter
             breaker = None
-        return _new(self, key) if breaker is None else breaker
+        if breaker is None:
+            return cast(CircuitBreaker, _new(self, key))
+        table = self._table
+        if table is not None:
+            # a shared map (_region_map): the slot must still hold this key (its tag unchanged)
+            slot, tag = self._bound[key]
+            if table.tag(slot) != tag:
+                return cast(CircuitBreaker, _new(self, key))
+        return breaker
 
     def allow(self, key: Hashable) -> bool:
         """Admit one call for ``key`` (True) or reject it (False); creates the key's breaker."""
@@ -170,12 +187,18 @@ class BreakerMap:
 
     def get(self, key: Hashable) -> Optional[CircuitBreaker]:
         """The key's breaker, or None; never creates one."""
+        if self._table is not None:
+            return _shared_get(self, key)  # type: ignore[no-any-return]
         return self._d.get(key)
 
     def __contains__(self, key: object) -> bool:
+        if self._table is not None:
+            return _shared_contains(self, key)
         return key in self._d
 
     def __len__(self) -> int:
+        if self._table is not None:
+            return int(self._table.assigned)
         return len(self._d)
 
     # -- the rest ----------------------------------------------------------------------------------

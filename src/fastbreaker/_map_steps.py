@@ -218,6 +218,8 @@ def _new(m: Any, key: Hashable) -> Any:
     """First sight of ``key``: create its breaker, making room first if the map is full."""
     if m._config is None:
         raise _uninitialised()
+    if m._table is not None:
+        return _shared_new(m, key)
     try:
         hash(key)
     except TypeError:
@@ -248,6 +250,140 @@ def _new(m: Any, key: Hashable) -> Any:
             return breaker
         finally:
             m._owner = None
+
+
+# -- a map in a SharedRegion (_region_map) -----------------------------------------------------
+def attach_table(m: Any, table: Any, max_open_ratio: float) -> None:
+    """Make the initialised map ``m`` a shared map over ``table``: its group is the region's
+    (``max_open_ratio`` holds across processes), its breakers are bound to table slots."""
+    core = m._core
+    m._group = core.Group._shared(
+        max_open_ratio, table.group_view(core.shared_group_size()), table.group_lock()
+    )
+    m._config = core.Config(m._options, m._group, m._hook)
+    m._config.shared = True
+    m._table = table
+    m._bound = {}
+    if hasattr(m, "_set_tags"):
+        m._set_tags(table.view)
+
+
+def _bind(m: Any, key: Any, slot: int, tag: int) -> Any:
+    core = m._core
+    table = m._table
+    breaker = core.CircuitBreaker._shared(
+        m._config, key, table.block_view(slot), table.lock_for(slot)
+    )
+    breaker._bind(slot, tag)
+    m._bound[key] = (slot, tag)
+    m._d[key] = breaker
+    return breaker
+
+
+def _shared_new(m: Any, key: Any) -> Any:
+    """A key of a shared map, first seen by this process or rebound after an eviction."""
+    from ._region_map import encode_key
+
+    raw = encode_key(key)
+    table = m._table
+    with m._lock:
+        breaker = m._d.get(key)
+        if breaker is not None:
+            slot, tag = m._bound[key]
+            if table.tag(slot) == tag:
+                return breaker  # another thread bound it while we waited for the lock
+            del m._d[key]
+            del m._bound[key]
+        found = table.find(raw)
+        if found is None:
+            with table.lock:
+                found = table.find(raw)
+                if found is None:
+                    found = _shared_insert(m, table, raw)
+            if found is None:  # every slot holds a breaker that may not be evicted
+                return m._core.CircuitBreaker._from_config(m._detached, _label(key))
+        return _bind(m, key, *found)
+
+
+def _shared_insert(m: Any, table: Any, raw: bytes) -> Optional[tuple[int, int]]:
+    """Under the table's lock: a slot for a new key, by BreakerMap's eviction rules when the
+    table is full; None when every slot holds a breaker that may not be evicted."""
+    slot = table.free_slot(raw)
+    if slot is not None:
+        tag = table.assign(raw, slot)  # its block is a fresh breaker since the map was made
+        table.count_assigned()
+        m._group.add_size(1)
+        return slot, tag
+    order = table.probe_order(raw)
+    # A slot left mid-rewrite (odd tag) by a writer that died is anybody's.
+    for slot in order:
+        if table.tag(slot) & 1:
+            before = _probe(m, slot)._recycle(True, True)
+            if before is not None:
+                table.add_evicted(before)
+                return slot, table.assign(raw, slot)
+    # Then BreakerMap's tiers: no information and no call in flight; any CLOSED without a call
+    # in flight; any CLOSED (the outcomes still out go stale).
+    for info_ok, in_flight_ok in ((False, False), (True, False), (True, True)):
+        for slot in order:
+            tag = table.tag(slot)
+            if tag & 1:
+                continue
+            table.mark_rewriting(slot)  # every process's binding to it is now stale
+            before = _probe(m, slot)._recycle(info_ok, in_flight_ok)
+            if before is None:
+                table.restore_tag(slot, tag)  # kept: the bindings are valid again
+                continue
+            table.add_evicted(before)
+            return slot, table.assign(raw, slot)
+    table.count_untracked()
+    return None
+
+
+def _probe(m: Any, slot: int) -> Any:
+    """A throwaway breaker on ``slot``'s block (the detached config: no group, no callbacks)."""
+    table = m._table
+    return m._core.CircuitBreaker._shared(
+        m._detached, None, table.block_view(slot), table.lock_for(slot)
+    )
+
+
+def _shared_get(m: Any, key: Any) -> Any:
+    from ._region_map import encode_key
+
+    try:
+        raw = encode_key(key)
+    except (TypeError, ValueError):
+        return None
+    with m._lock:
+        breaker = m._d.get(key)
+        if breaker is not None and m._table.tag(m._bound[key][0]) == m._bound[key][1]:
+            return breaker
+        found = m._table.find(raw)
+        if found is None:
+            return None
+        m._d.pop(key, None)
+        return _bind(m, key, *found)
+
+
+def _shared_contains(m: Any, key: object) -> bool:
+    from ._region_map import encode_key
+
+    try:
+        raw = encode_key(key)
+    except (TypeError, ValueError):
+        return False
+    return m._table.find(raw) is not None
+
+
+def _shared_breakers(m: Any) -> list[tuple[Any, Any]]:
+    """``(key, breaker)`` for every key in the region's table (bound to a throwaway object when
+    this process has not seen the key: no callbacks, no caching)."""
+    table = m._table
+    out = []
+    for slot, key in table.keys():
+        out.append((key, _probe(m, slot)))
+    return out
 
 
 def _initialised(m: Any) -> bool:
@@ -345,6 +481,8 @@ def _drop(m: Any, key: Hashable, breaker: Any, in_flight_ok: bool = True) -> boo
 def _iter(m: Any) -> Iterator[Hashable]:
     if m._config is None:
         raise _uninitialised()
+    if m._table is not None:
+        return iter([key for _, key in m._table.keys()])
     return iter(list(m._d))
 
 
@@ -353,16 +491,25 @@ def _open_keys(m: Any) -> list[Hashable]:
         raise _uninitialised()
     if m._group.open == 0:  # the core counts the non-CLOSED breakers: nothing to look for
         return []
+    if m._table is not None:
+        return [key for key, b in _shared_breakers(m) if b.state != CLOSED]
     return [key for key, b in list(m._d.items()) if b.state != CLOSED]
 
 
 def _metrics(m: Any) -> MapMetrics:
     if m._config is None:
         raise _uninitialised()
-    with m._lock:  # no eviction between the list of breakers and the totals of dropped ones
-        breakers = list(m._d.values())
-        totals = dict(m._dropped)
-        evicted, untracked = m._evicted, m._untracked
+    if m._table is not None:
+        # the region's: every key of every process, and the breakers evicted by any of them
+        with m._table.lock:
+            breakers = [b for _, b in _shared_breakers(m)]
+            totals = m._table.totals()
+            evicted, untracked = m._table.evicted, m._table.untracked
+    else:
+        with m._lock:  # no eviction between the list of breakers and the totals of dropped ones
+            breakers = list(m._d.values())
+            totals = dict(m._dropped)
+            evicted, untracked = m._evicted, m._untracked
     by_state = [0, 0, 0, 0]
     for breaker in breakers:
         metrics = breaker.metrics()

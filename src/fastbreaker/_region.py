@@ -35,11 +35,13 @@ lock is released by the kernel.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
@@ -129,8 +131,21 @@ class RecordLock:
         import fcntl
 
         self._thread_lock.acquire()
+        delay = 1e-6
         try:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._offset)
+            while True:
+                try:
+                    fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._offset)
+                    return
+                except OSError as exc:
+                    # The kernel's deadlock detection takes the process as a lock's owner:
+                    # process A waiting for a lock of B while another thread of A holds one B
+                    # waits for looks like a cycle (EDEADLK). It is not one (a holder never waits
+                    # for a second lock), so the holder finishes and a retry succeeds.
+                    if exc.errno != errno.EDEADLK:
+                        raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1e-3)
         except BaseException:
             self._thread_lock.release()
             raise
@@ -482,7 +497,7 @@ class SharedRegion:
         """The offset of object ``name`` (made with ``init`` on zeroed memory if new), and
         whether this call made it."""
         raw = _check_name(name, "name", NAME_MAX)
-        self._buf  # closed: ValueError
+        _ = self._buf  # closed: ValueError
         text = options_text(options).encode()
         digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
         with self._seg.dir_lock:
@@ -571,6 +586,44 @@ class SharedRegion:
         self._seg.objects.add(obj)
         return obj
 
+    def breaker_map(
+        self, name: str, /, *args: Any, capacity: int, max_open_ratio: float = 1.0, **options: Any
+    ) -> Any:
+        """The shared ``BreakerMap`` ``name``: at most ``capacity`` str or bytes keys (up to 231
+        bytes), one breaker each, shared by every process; every BreakerMap option but
+        ``max_keys`` and ``clock``. See ``_region_map`` for the table and its eviction."""
+        from ._durations import check_count, check_rate
+        from ._map import map_class
+        from ._map_steps import attach_table
+        from ._options import BreakerOptions
+        from ._region_map import MAX_CAPACITY, SharedTable, map_size
+
+        for banned in ("max_keys", "clock", "name"):
+            if banned in options:
+                raise TypeError(f"region.breaker_map() takes no {banned!r}: {_BANNED[banned]}")
+        check_count(capacity, "capacity", 1, MAX_CAPACITY)
+        ratio = check_rate(max_open_ratio, "max_open_ratio")
+        validated = BreakerOptions(*args, clock=self._clock, **options)
+        core = self._cores()[0]
+        block = core.shared_size(validated)
+        nbytes = map_size(capacity, block)
+        key = _breaker_key(validated)
+        key.update(capacity=capacity, max_open_ratio=ratio)
+
+        def init(view: memoryview) -> None:
+            SharedTable.init(view, capacity)
+            table = SharedTable(view, capacity, block, None, None, 0)
+            core.shared_group_init(table.group_view(core.shared_group_size()), ratio)
+            for slot in range(capacity):
+                core.shared_init(table.block_view(slot)[:block], validated)
+
+        offset, _ = self._object(KIND_MAP, name, key, nbytes, init)
+        view = self._view(offset, nbytes)
+        table = SharedTable(view, capacity, block, self._lock_at(offset), self._lock_at, offset)
+        m = map_class(core)(*args, max_open_ratio=ratio, clock=self._clock, **options)
+        attach_table(m, table, ratio)
+        return self._made(m)
+
     def retry_budget(
         self, name: str, *, ratio: float = 0.1, capacity: float = 100.0, min_per_sec: float = 1.0
     ) -> Any:
@@ -633,7 +686,9 @@ class SharedRegion:
 
 
 _BANNED = {
-    "name": "the name given to region.breaker() is the breaker's name",
+    "name": "the name given to region.breaker() is the breaker's name; a map's breakers are "
+    "named by their keys",
+    "max_keys": "a shared map holds at most capacity keys",
     "clock": "every process must read the same clock (the region's)",
 }
 

@@ -1,0 +1,231 @@
+"""A BreakerMap in a SharedRegion: a fixed-capacity table of str/bytes keys, one breaker each.
+
+The map's block in the region::
+
+    0        header: capacity, keys assigned, evictions, untracked, then the totals of the
+             breakers evicted so far (one word per _COUNTERS name, open time in ns)
+    256      the map's group (the count of non-CLOSED breakers and the max_open_ratio bound)
+    512      capacity slots of SLOT_SIZE bytes: tag, hash, key length, key bytes
+    ...      capacity breaker blocks (the core's shared breaker layout), slot i's at i
+
+Open addressing with linear probing from ``hash % capacity``; a slot, once assigned, is never
+emptied, only given to another key by an eviction, so a lookup can stop at the first empty
+slot. The hash is blake2b of the key (the same in every process; Python's ``hash`` is not).
+
+Readers do not lock: a slot's tag is odd while a writer rewrites it and grows by two per
+assignment, so a reader that reads the same even tag before and after matching the key has a
+whole slot (a seqlock). A reader that finds no match, or an odd tag, takes the map's lock and
+looks again there, where writers (insertion, eviction) are serialised: the region's record
+lock, so a writer killed halfway releases it, and the slot it was rewriting keeps an odd tag
+until the next writer reassigns it (a key whose slot was half-written is looked up again).
+
+A process caches ``key -> breaker`` bound to (slot, tag). Every keyed call checks that the
+slot's tag is still the bound one: an eviction by any process makes the others rebind the key
+on their next call. Eviction follows BreakerMap's rules: a CLOSED breaker that carries no
+information and has no call in flight first, then other CLOSED ones, then CLOSED ones with calls
+in flight (their outcomes go stale: the reset starts a new generation); never a non-CLOSED one.
+When every slot holds a non-CLOSED breaker, a new key gets a breaker of its own, in this process
+only, outside the map (counted in ``untracked``), as a full BreakerMap does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any, Optional
+
+from ._map_steps import _COUNTERS
+
+__all__ = ["KEY_MAX", "SLOT_SIZE", "SharedTable", "encode_key", "map_size"]
+
+SLOT_SIZE = 256
+KEY_MAX = SLOT_SIZE - 24 - 1
+"""The longest key: 231 bytes (a str's UTF-8)."""
+MAX_CAPACITY = 1 << 22
+GROUP_AT = 256
+SLOTS_AT = 512
+_H_CAPACITY, _H_ASSIGNED, _H_EVICTED, _H_UNTRACKED = 0, 8, 16, 24
+_H_TOTALS = 32  # one word per _COUNTERS name (open time in ns)
+_q = struct.Struct("<q")
+assert _H_TOTALS + 8 * len(_COUNTERS) <= GROUP_AT
+
+
+def encode_key(key: object) -> bytes:
+    """The key as stored: a type byte (str and bytes keys never collide), then its bytes."""
+    if isinstance(key, str):
+        raw = b"s" + key.encode("utf-8")
+    elif isinstance(key, bytes):
+        raw = b"b" + key
+    else:
+        raise TypeError(
+            f"keys of a shared BreakerMap are str or bytes (the same in every process), got {key!r}"
+        )
+    if len(raw) - 1 > KEY_MAX:
+        raise ValueError(f"a shared BreakerMap's key is at most {KEY_MAX} bytes, got {key!r}")
+    return raw
+
+
+def decode_key(raw: bytes) -> Any:
+    return raw[1:].decode("utf-8") if raw[:1] == b"s" else bytes(raw[1:])
+
+
+def _hash(raw: bytes) -> int:
+    h = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
+    return h | 1  # never 0: 0 marks an empty slot
+
+
+def map_size(capacity: int, block: int) -> int:
+    """The bytes of a shared map's block with ``capacity`` keys of ``block`` bytes each."""
+    block = (block + 63) & ~63
+    return SLOTS_AT + capacity * (SLOT_SIZE + block)
+
+
+class SharedTable:
+    """The key table of one shared map (see the module docstring)."""
+
+    def __init__(
+        self, view: memoryview, capacity: int, block: int, lock: Any, lock_at: Any, offset: int
+    ) -> None:
+        """``lock``: the map's record lock; ``lock_at(offset)``: the region's lock at an offset
+        (the twin's breaker blocks), ``offset`` the map's block in the region."""
+        self.view = view
+        self._lock_at = lock_at
+        self._offset = offset
+        self.capacity = capacity
+        self.block = (block + 63) & ~63
+        self.blocks_at = SLOTS_AT + capacity * SLOT_SIZE
+        self.lock = lock
+        if self._get(_H_CAPACITY) != capacity:
+            raise ValueError("the shared map's table has another capacity")
+
+    @staticmethod
+    def init(view: memoryview, capacity: int) -> None:
+        _q.pack_into(view, _H_CAPACITY, capacity)
+
+    def _get(self, at: int) -> int:
+        return int(_q.unpack_from(self.view, at)[0])
+
+    def _put(self, at: int, value: int) -> None:
+        _q.pack_into(self.view, at, value)
+
+    def group_view(self, nbytes: int) -> memoryview:
+        return self.view[GROUP_AT : GROUP_AT + nbytes]
+
+    def group_lock(self) -> Any:
+        return self._lock_at(self._offset + GROUP_AT)
+
+    def lock_for(self, slot: int) -> Any:
+        return self._lock_at(self._offset + self.blocks_at + slot * self.block)
+
+    def block_view(self, slot: int) -> memoryview:
+        at = self.blocks_at + slot * self.block
+        return self.view[at : at + self.block]
+
+    def tag_offset(self, slot: int) -> int:
+        """The byte offset of slot ``slot``'s tag word in the map's block."""
+        return SLOTS_AT + slot * SLOT_SIZE
+
+    def tag(self, slot: int) -> int:
+        return self._get(self.tag_offset(slot))
+
+    def _slot_key(self, slot: int) -> tuple[int, int, bytes]:
+        at = SLOTS_AT + slot * SLOT_SIZE
+        tag, h, n = struct.unpack_from("<qqq", self.view, at)
+        return tag, h, bytes(self.view[at + 24 : at + 24 + n])
+
+    def find(self, raw: bytes) -> Optional[tuple[int, int]]:
+        """``(slot, tag)`` of the key, without locking; None: absent or being rewritten (look
+        again under the lock)."""
+        h = _hash(raw)
+        cap = self.capacity
+        home = h % cap
+        for i in range(cap):
+            slot = (home + i) % cap
+            tag, sh, key = self._slot_key(slot)
+            if tag == 0 and sh == 0:
+                return None  # never assigned: the key is not further along
+            if tag & 1:
+                return None
+            if sh == h and key == raw:
+                return (slot, tag) if self.tag(slot) == tag else None
+        return None
+
+    def keys(self) -> list[tuple[int, Any]]:
+        """``(slot, key)`` of every assigned slot (a snapshot)."""
+        out = []
+        for slot in range(self.capacity):
+            tag, h, key = self._slot_key(slot)
+            if h and not tag & 1:
+                out.append((slot, decode_key(key)))
+        return out
+
+    @property
+    def assigned(self) -> int:
+        return self._get(_H_ASSIGNED)
+
+    @property
+    def evicted(self) -> int:
+        return self._get(_H_EVICTED)
+
+    @property
+    def untracked(self) -> int:
+        return self._get(_H_UNTRACKED)
+
+    def count_untracked(self) -> None:
+        self._put(_H_UNTRACKED, self._get(_H_UNTRACKED) + 1)
+
+    def totals(self) -> dict[str, Any]:
+        """The counters of the breakers evicted so far (open time kept in ns)."""
+        totals: dict[str, Any] = {}
+        for i, name in enumerate(_COUNTERS):
+            value = self._get(_H_TOTALS + 8 * i)
+            totals[name] = value / 1e9 if name == "open_seconds_total" else value
+        return totals
+
+    # -- writers (under self.lock) ---------------------------------------------------------------
+    def assign(self, raw: bytes, slot: int) -> int:
+        """Write ``raw`` into ``slot`` (its breaker block already fresh); the new even tag."""
+        at = SLOTS_AT + slot * SLOT_SIZE
+        tag = self._get(at)
+        if not tag & 1:
+            tag += 1
+            self._put(at, tag)  # odd: being rewritten
+        struct.pack_into("<qq", self.view, at + 8, _hash(raw), len(raw))
+        self.view[at + 24 : at + 24 + len(raw)] = raw
+        self._put(at, tag + 1)
+        return tag + 1
+
+    def restore_tag(self, slot: int, tag: int) -> None:
+        self._put(SLOTS_AT + slot * SLOT_SIZE, tag)
+
+    def mark_rewriting(self, slot: int) -> None:
+        at = SLOTS_AT + slot * SLOT_SIZE
+        tag = self._get(at)
+        if not tag & 1:
+            self._put(at, tag + 1)
+
+    def free_slot(self, raw: bytes) -> Optional[int]:
+        """The first never-assigned slot on the key's probe path, or None (the table is full)."""
+        h = _hash(raw)
+        cap = self.capacity
+        for i in range(cap):
+            slot = (h % cap + i) % cap
+            tag, sh, _ = self._slot_key(slot)
+            if tag == 0 and sh == 0:
+                return slot
+        return None
+
+    def probe_order(self, raw: bytes) -> list[int]:
+        h = _hash(raw)
+        cap = self.capacity
+        return [(h % cap + i) % cap for i in range(cap)]
+
+    def count_assigned(self) -> None:
+        self._put(_H_ASSIGNED, self._get(_H_ASSIGNED) + 1)
+
+    def add_evicted(self, metrics: Any) -> None:
+        self._put(_H_EVICTED, self._get(_H_EVICTED) + 1)
+        for i, name in enumerate(_COUNTERS):
+            value = getattr(metrics, name)
+            add = round(value * 1e9) if name == "open_seconds_total" else int(value)
+            self._put(_H_TOTALS + 8 * i, self._get(_H_TOTALS + 8 * i) + add)
