@@ -159,9 +159,11 @@ def hammer_c(client: Any, breaker: Any, seconds: float, conn: Any) -> None:
     conn.close()
 
 
-def map_fail(core: str, name: str, clock: Any, key: Any, n: int, q: Any) -> None:
+def map_fail(core: str, name: str, clock: Any, key: Any, n: int, ratio: float, q: Any) -> None:
     """n failures for ``key`` of the shared map "hosts"; report the key's state."""
-    m = region(core, name, clock).breaker_map("hosts", capacity=8, failure_threshold=2)
+    m = region(core, name, clock).breaker_map(
+        "hosts", capacity=8, failure_threshold=2, max_open_ratio=ratio
+    )
     for _ in range(n):
         if m.allow(key):
             m.record_failure(key)

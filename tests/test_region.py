@@ -456,7 +456,7 @@ def test_a_shared_map_is_one_map_for_every_process(
     m.record_success(b"raw")
     m.record_success("a")
     # another process trips "a" ...
-    assert run(method, rs.map_fail, fb.impl, name, clock, "a", 2) == "OPEN"
+    assert run(method, rs.map_fail, fb.impl, name, clock, "a", 2, 1.0) == "OPEN"
     # ... and this one's cached breaker for "a" sees it on its next call
     assert not m.allow("a") and m["a"].state == fb.State.OPEN
     assert m.open_keys() == ["a"] and "a" in m and b"raw" in m and "raw" not in m
@@ -538,8 +538,8 @@ def test_max_open_ratio_holds_across_processes(
         assert m.allow(key)
         m.record_success(key)
     # 4 keys, ratio 0.25: one may open; another process fails two keys
-    assert run("fork", rs.map_fail, fb.impl, name, clock, "a", 2) == "OPEN"
-    assert run("fork", rs.map_fail, fb.impl, name, clock, "b", 2) == "CLOSED"
+    assert run("fork", rs.map_fail, fb.impl, name, clock, "a", 2, 0.25) == "OPEN"
+    assert run("fork", rs.map_fail, fb.impl, name, clock, "b", 2, 0.25) == "CLOSED"
     assert m.open_keys() == ["a"] and m.metrics().suppressed_trips == 1
 
 

@@ -168,7 +168,36 @@ def is_shared(obj: object) -> bool:
     return type(getattr(obj, "_lock", None)) is _SharedState
 
 
-_SCALARS = struct.Struct("<27q")
+# A shared breaker's scalar fields, in their order in its record (after the state).
+_FIELDS = (
+    "_gen",
+    "_inflight",
+    "_probe_ok",
+    "_level",
+    "_since_ns",
+    "_consec",
+    "_head",
+    "_rec",
+    "_fail",
+    "_slow",
+    "_last",
+    "_permitted",
+    "_rejected",
+    "_successes",
+    "_failures",
+    "_slow_calls",
+    "_ignored",
+    "_stale",
+    "_opened",
+    "_fleet_gen",
+    "_would_reject",
+    "_open_ns",
+    "_open_from",
+    "_probe_ok_total",
+    "_probe_failed",
+    "_timeouts",
+)
+_SCALARS = struct.Struct(f"<{1 + len(_FIELDS)}q")
 
 
 class _BreakerLayout:
@@ -193,35 +222,9 @@ class _BreakerLayout:
         )
 
     def load(self, b: "CircuitBreaker", data: bytes) -> None:
-        (
-            state,
-            b._gen,
-            b._inflight,
-            b._probe_ok,
-            b._level,
-            b._since_ns,
-            b._consec,
-            b._head,
-            b._rec,
-            b._fail,
-            b._slow,
-            b._last,
-            b._permitted,
-            b._rejected,
-            b._successes,
-            b._failures,
-            b._slow_calls,
-            b._ignored,
-            b._stale,
-            b._opened,
-            b._fleet_gen,
-            b._would_reject,
-            b._open_ns,
-            b._open_from,
-            b._probe_ok_total,
-            b._probe_failed,
-            b._timeouts,
-        ) = _SCALARS.unpack_from(data)
+        state, *values = _SCALARS.unpack_from(data)
+        for field, value in zip(_FIELDS, values):
+            setattr(b, field, value)
         b._state = _STATES[state]
         at = _SCALARS.size
         if self._window:
@@ -243,35 +246,7 @@ class _BreakerLayout:
     def pack(self, b: "CircuitBreaker") -> bytes:
         self._seen = None  # until packed: a failure below leaves the lists unstored
         parts: list[bytes | bytearray] = [
-            _SCALARS.pack(
-                int(b._state),
-                b._gen,
-                b._inflight,
-                b._probe_ok,
-                b._level,
-                b._since_ns,
-                b._consec,
-                b._head,
-                b._rec,
-                b._fail,
-                b._slow,
-                b._last,
-                b._permitted,
-                b._rejected,
-                b._successes,
-                b._failures,
-                b._slow_calls,
-                b._ignored,
-                b._stale,
-                b._opened,
-                b._fleet_gen,
-                b._would_reject,
-                b._open_ns,
-                b._open_from,
-                b._probe_ok_total,
-                b._probe_failed,
-                b._timeouts,
-            )
+            _SCALARS.pack(int(b._state), *[getattr(b, field) for field in _FIELDS])
         ]
         if self._window:
             assert b._ring is not None

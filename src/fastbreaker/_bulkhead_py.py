@@ -51,6 +51,8 @@ def _initialised(obj: object) -> bool:
 
 
 # -- shared-memory mode (SharedRegion) ---------------------------------------------------------
+# A shared bulkhead's counters, in their order in its record (the owner pids follow).
+_FIELDS = ("_admitted", "_rejected", "_timed_out", "_cancelled", "_waited", "_peak", "_reclaim_ns")
 _COUNTERS = struct.Struct("<7q")
 _NEVER = -(2**63)  # last_reclaim_ns before the first scan
 RECLAIM_INTERVAL_NS = 100_000_000
@@ -84,15 +86,8 @@ class _BulkheadLayout:
         self.size = _COUNTERS.size + 4 * max_concurrent
 
     def load(self, b: "_Slots", data: bytes) -> None:
-        (
-            b._admitted,
-            b._rejected,
-            b._timed_out,
-            b._cancelled,
-            b._waited,
-            b._peak,
-            b._reclaim_ns,
-        ) = _COUNTERS.unpack_from(data)
+        for field, value in zip(_FIELDS, _COUNTERS.unpack_from(data)):
+            setattr(b, field, value)
         owners = array("i")
         owners.frombytes(memoryview(data)[_COUNTERS.size :])
         b._owners = owners
@@ -102,18 +97,7 @@ class _BulkheadLayout:
     def pack(self, b: "_Slots") -> bytes:
         owners = b._owners
         assert owners is not None
-        return (
-            _COUNTERS.pack(
-                b._admitted,
-                b._rejected,
-                b._timed_out,
-                b._cancelled,
-                b._waited,
-                b._peak,
-                b._reclaim_ns,
-            )
-            + owners.tobytes()
-        )
+        return _COUNTERS.pack(*[getattr(b, field) for field in _FIELDS]) + owners.tobytes()
 
 
 def shared_size(max_concurrent: int) -> int:
