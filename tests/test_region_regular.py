@@ -13,12 +13,12 @@ import uuid
 from typing import Any
 
 import pytest
-
-import fastbreaker
 from test_breaker import *  # noqa: F403
 from test_breaker_metrics import *  # noqa: F403
 from test_breaker_window import *  # noqa: F403
 from test_calls import *  # noqa: F403
+
+import fastbreaker
 
 NOT_APPLICABLE = {
     "test_name": "a shared breaker always has a name (its key in the region)",
