@@ -183,3 +183,13 @@ def map_fill(core: str, name: str, clock: Any, keys: list[str], capacity: int, q
         assert m.allow(key)
         m.record_success(key)
     q.put(m.metrics().evicted)
+
+
+def take_probe(core: str, name: str, clock: Any, q: Any) -> None:
+    """Take the half-open probe of the shared breaker "up", report, and wait to be killed."""
+    b = region(core, name, clock).breaker(
+        "up", failure_threshold=1, reset_timeout=10, probe_timeout=5
+    )
+    q.put(b.allow())
+    while True:
+        signal.pause()

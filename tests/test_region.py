@@ -561,6 +561,33 @@ def test_shared_map_bad_input(fb: types.SimpleNamespace, name: str) -> None:
     for bad in (3, ("a", "b"), None):
         with pytest.raises(TypeError, match="str or bytes"):
             m.allow(bad)
-    with pytest.raises(ValueError, match="at most 231 bytes"):
-        m.allow("x" * 232)
+    with pytest.raises(ValueError, match="at most 239 bytes"):
+        m.allow("x" * 240)
     assert len(m) == 0 and m.get(3) is None and 3 not in m
+
+
+def test_a_probe_held_by_a_killed_process_is_reclaimed_by_probe_timeout(
+    fb: types.SimpleNamespace, name: str, clock: rs.SharedClock
+) -> None:
+    region = fb.SharedRegion(name, clock=clock)
+    b = region.breaker("up", failure_threshold=1, reset_timeout=10, probe_timeout=5)
+    b.allow()
+    b.record_failure()
+    clock.advance(10)
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=rs.take_probe, args=(fb.impl, name, clock, q))
+    p.start()
+    try:
+        assert q.get(timeout=60) is True  # the child holds the one probe
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.join(60)
+    assert b.state == fb.State.HALF_OPEN and not b.allow()  # its probe is still out
+    clock.advance(5)
+    # probe_timeout: the lost probe counts as failed, the breaker re-opens with backoff as today
+    assert not b.allow() and b.state == fb.State.OPEN
+    clock.advance(10)
+    assert b.allow() and b.state == fb.State.HALF_OPEN
+    b.record_success()
+    assert b.state == fb.State.CLOSED

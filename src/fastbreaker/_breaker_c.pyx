@@ -1218,6 +1218,10 @@ cdef class CircuitBreaker:
         self.st.own.word = slot
         self.st.own.gen_hi = tag
 
+    def _bound(self):
+        """``(slot, tag)`` given to ``_bind``."""
+        return self.st.own.word, self.st.own.gen_hi
+
     @classmethod
     def _from_config(cls, Config config not None, label):
         """A breaker sharing ``config`` (BreakerMap); ``name`` is ``str(label)``."""

@@ -473,6 +473,7 @@ class CircuitBreaker:
         "_config",
         "_label",
         "_lock",
+        "_binding",
         "_state",
         "_gen",
         "_inflight",
@@ -618,7 +619,12 @@ class CircuitBreaker:
         return m
 
     def _bind(self, slot: int, tag: int) -> None:
-        """A shared map's breaker bound to a table slot (the map keeps the binding itself)."""
+        """A shared map's breaker: the slot of the map's table it was bound to, and that slot's
+        tag then (``_bound()`` reads them)."""
+        self._binding = (slot, tag)
+
+    def _bound(self) -> tuple[int, int]:
+        return self._binding
 
     # -- time -------------------------------------------------------------------------------
     def _now(self) -> int:

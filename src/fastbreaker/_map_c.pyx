@@ -31,10 +31,9 @@ cdef extern from "_fb_atomic.h" nogil:
 from . import _breaker_c
 from . import _map_steps as _steps
 from ._options import class_signature
-from ._region_map import SLOT_SIZE as _SLOT_SIZE, SLOTS_AT as _SLOTS_AT
+from ._region_map import TAGS_AT as _TAGS_AT
 
-cdef int64_t SLOT_SIZE = _SLOT_SIZE
-cdef int64_t SLOTS_AT = _SLOTS_AT
+cdef Py_ssize_t TAGS_AT = _TAGS_AT
 
 cdef extern from *:
     """
@@ -67,7 +66,7 @@ cdef inline object lookup(BreakerMap m, object key):
     if m.tags != NULL:
         # a shared map (_region_map): the slot must still hold this key (its tag unchanged)
         bound = fb_breaker_spare(fb_breaker_handle(breaker))
-        if fb_load_acq(<int64_t *>(m.tags + bound[0] * SLOT_SIZE)) != bound[1]:
+        if fb_load_acq(&m.tags[bound[0]]) != bound[1]:
             return _steps._new(m, key)
     return breaker
 
@@ -88,8 +87,8 @@ cdef class BreakerMap:
     cdef readonly dict _d
     cdef public object _options, _group, _config, _detached, _hook, _lock
     cdef public object _max_keys, _room, _evicted, _untracked, _dropped, _owner
-    cdef public object _table, _bound  # a shared map's table (_region_map), else None
-    cdef char *tags                    # a shared map's first slot tag, else NULL
+    cdef public object _table          # a shared map's table (_region_map), else None
+    cdef int64_t *tags                 # a shared map's slot tags, else NULL
     cdef object __weakref__
 
     # The rare paths are the twin's functions, so that their logic exists once.
@@ -104,7 +103,7 @@ cdef class BreakerMap:
     def _set_tags(self, view):
         """A shared map: ``view`` is its block in the region (the slots' tags are read there)."""
         cdef const unsigned char[::1] mv = view
-        self.tags = <char *>&mv[SLOTS_AT]
+        self.tags = <int64_t *>&mv[TAGS_AT]
 
     # -- the call path ---------------------------------------------------------------------------
     # An uninitialised map (made with __new__) has an empty dict: every keyed call reaches

@@ -109,7 +109,6 @@ class BreakerMap:
         "_dropped",
         "_owner",
         "_table",
-        "_bound",
         "__weakref__",
     )
 
@@ -128,7 +127,6 @@ class BreakerMap:
     _dropped: dict[str, int]
     _owner: Optional[int]
     _table: Any  # a shared map's table (_region_map.SharedTable), else None
-    _bound: dict[Hashable, tuple[int, int]]  # a shared map: key -> (slot, tag) bound
 
     def __init__(
         self,
@@ -141,7 +139,6 @@ class BreakerMap:
         _init(self, *args, max_open_ratio=max_open_ratio, max_keys=max_keys, **options)
         self._d = {}
         self._table = None
-        self._bound = {}
 
     # -- the call path ---------------------------------------------------------------------------
     def _breaker(self, key: Hashable) -> CircuitBreaker:
@@ -154,7 +151,7 @@ class BreakerMap:
         table = self._table
         if table is not None:
             # a shared map (_region_map): the slot must still hold this key (its tag unchanged)
-            slot, tag = self._bound[key]
+            slot, tag = breaker._bound()
             if table.tag(slot) != tag:
                 return cast(CircuitBreaker, _new(self, key))
         return breaker

@@ -263,7 +263,6 @@ def attach_table(m: Any, table: Any, max_open_ratio: float) -> None:
     m._config = core.Config(m._options, m._group, m._hook)
     m._config.shared = True
     m._table = table
-    m._bound = {}
     if hasattr(m, "_set_tags"):
         m._set_tags(table.view)
 
@@ -275,7 +274,6 @@ def _bind(m: Any, key: Any, slot: int, tag: int) -> Any:
         m._config, key, table.block_view(slot), table.lock_for(slot)
     )
     breaker._bind(slot, tag)
-    m._bound[key] = (slot, tag)
     m._d[key] = breaker
     return breaker
 
@@ -289,11 +287,10 @@ def _shared_new(m: Any, key: Any) -> Any:
     with m._lock:
         breaker = m._d.get(key)
         if breaker is not None:
-            slot, tag = m._bound[key]
+            slot, tag = breaker._bound()
             if table.tag(slot) == tag:
                 return breaker  # another thread bound it while we waited for the lock
             del m._d[key]
-            del m._bound[key]
         found = table.find(raw)
         if found is None:
             with table.lock:
@@ -357,8 +354,10 @@ def _shared_get(m: Any, key: Any) -> Any:
         return None
     with m._lock:
         breaker = m._d.get(key)
-        if breaker is not None and m._table.tag(m._bound[key][0]) == m._bound[key][1]:
-            return breaker
+        if breaker is not None:
+            slot, tag = breaker._bound()
+            if m._table.tag(slot) == tag:
+                return breaker
         found = m._table.find(raw)
         if found is None:
             return None

@@ -589,7 +589,7 @@ class SharedRegion:
     def breaker_map(
         self, name: str, /, *args: Any, capacity: int, max_open_ratio: float = 1.0, **options: Any
     ) -> Any:
-        """The shared ``BreakerMap`` ``name``: at most ``capacity`` str or bytes keys (up to 231
+        """The shared ``BreakerMap`` ``name``: at most ``capacity`` str or bytes keys (up to 239
         bytes), one breaker each, shared by every process; every BreakerMap option but
         ``max_keys`` and ``clock``. See ``_region_map`` for the table and its eviction."""
         from ._durations import check_count, check_rate

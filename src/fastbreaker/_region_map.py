@@ -5,7 +5,8 @@ The map's block in the region::
     0        header: capacity, keys assigned, evictions, untracked, then the totals of the
              breakers evicted so far (one word per _COUNTERS name, open time in ns)
     256      the map's group (the count of non-CLOSED breakers and the max_open_ratio bound)
-    512      capacity slots of SLOT_SIZE bytes: tag, hash, key length, key bytes
+    512      capacity tags, one word per slot, dense: every keyed call reads its key's
+    ...      capacity slots of SLOT_SIZE bytes: hash, key length, key bytes
     ...      capacity breaker blocks (the core's shared breaker layout), slot i's at i
 
 Open addressing with linear probing from ``hash % capacity``; a slot, once assigned, is never
@@ -36,14 +37,14 @@ from typing import Any, Optional
 
 from ._map_steps import _COUNTERS
 
-__all__ = ["KEY_MAX", "SLOT_SIZE", "SharedTable", "encode_key", "map_size"]
+__all__ = ["KEY_MAX", "SLOT_SIZE", "TAGS_AT", "SharedTable", "encode_key", "map_size"]
 
 SLOT_SIZE = 256
-KEY_MAX = SLOT_SIZE - 24 - 1
-"""The longest key: 231 bytes (a str's UTF-8)."""
+KEY_MAX = SLOT_SIZE - 16 - 1
+"""The longest key: 239 bytes (a str's UTF-8)."""
 MAX_CAPACITY = 1 << 22
 GROUP_AT = 256
-SLOTS_AT = 512
+TAGS_AT = 512
 _H_CAPACITY, _H_ASSIGNED, _H_EVICTED, _H_UNTRACKED = 0, 8, 16, 24
 _H_TOTALS = 32  # one word per _COUNTERS name (open time in ns)
 _q = struct.Struct("<q")
@@ -74,10 +75,14 @@ def _hash(raw: bytes) -> int:
     return h | 1  # never 0: 0 marks an empty slot
 
 
+def _slots_at(capacity: int) -> int:
+    return TAGS_AT + ((capacity * 8 + 63) & ~63)
+
+
 def map_size(capacity: int, block: int) -> int:
     """The bytes of a shared map's block with ``capacity`` keys of ``block`` bytes each."""
     block = (block + 63) & ~63
-    return SLOTS_AT + capacity * (SLOT_SIZE + block)
+    return _slots_at(capacity) + capacity * (SLOT_SIZE + block)
 
 
 class SharedTable:
@@ -93,7 +98,8 @@ class SharedTable:
         self._offset = offset
         self.capacity = capacity
         self.block = (block + 63) & ~63
-        self.blocks_at = SLOTS_AT + capacity * SLOT_SIZE
+        self.slots_at = _slots_at(capacity)
+        self.blocks_at = self.slots_at + capacity * SLOT_SIZE
         self.lock = lock
         if self._get(_H_CAPACITY) != capacity:
             raise ValueError("the shared map's table has another capacity")
@@ -123,15 +129,16 @@ class SharedTable:
 
     def tag_offset(self, slot: int) -> int:
         """The byte offset of slot ``slot``'s tag word in the map's block."""
-        return SLOTS_AT + slot * SLOT_SIZE
+        return TAGS_AT + slot * 8
 
     def tag(self, slot: int) -> int:
         return self._get(self.tag_offset(slot))
 
     def _slot_key(self, slot: int) -> tuple[int, int, bytes]:
-        at = SLOTS_AT + slot * SLOT_SIZE
-        tag, h, n = struct.unpack_from("<qqq", self.view, at)
-        return tag, h, bytes(self.view[at + 24 : at + 24 + n])
+        at = self.slots_at + slot * SLOT_SIZE
+        tag = self._get(TAGS_AT + slot * 8)
+        h, n = struct.unpack_from("<qq", self.view, at)
+        return tag, h, bytes(self.view[at + 16 : at + 16 + n])
 
     def find(self, raw: bytes) -> Optional[tuple[int, int]]:
         """``(slot, tag)`` of the key, without locking; None: absent or being rewritten (look
@@ -185,21 +192,22 @@ class SharedTable:
     # -- writers (under self.lock) ---------------------------------------------------------------
     def assign(self, raw: bytes, slot: int) -> int:
         """Write ``raw`` into ``slot`` (its breaker block already fresh); the new even tag."""
-        at = SLOTS_AT + slot * SLOT_SIZE
-        tag = self._get(at)
+        at = self.slots_at + slot * SLOT_SIZE
+        tag_at = TAGS_AT + slot * 8
+        tag = self._get(tag_at)
         if not tag & 1:
             tag += 1
-            self._put(at, tag)  # odd: being rewritten
-        struct.pack_into("<qq", self.view, at + 8, _hash(raw), len(raw))
-        self.view[at + 24 : at + 24 + len(raw)] = raw
-        self._put(at, tag + 1)
+            self._put(tag_at, tag)  # odd: being rewritten
+        struct.pack_into("<qq", self.view, at, _hash(raw), len(raw))
+        self.view[at + 16 : at + 16 + len(raw)] = raw
+        self._put(tag_at, tag + 1)
         return tag + 1
 
     def restore_tag(self, slot: int, tag: int) -> None:
-        self._put(SLOTS_AT + slot * SLOT_SIZE, tag)
+        self._put(TAGS_AT + slot * 8, tag)
 
     def mark_rewriting(self, slot: int) -> None:
-        at = SLOTS_AT + slot * SLOT_SIZE
+        at = TAGS_AT + slot * 8
         tag = self._get(at)
         if not tag & 1:
             self._put(at, tag + 1)

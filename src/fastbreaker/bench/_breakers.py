@@ -197,11 +197,25 @@ def _shared(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     system.key = "fastbreaker_shared"
     system.label = "fastbreaker shared"
     system.ns.update(cb=cb, open_cb=open_cb, region=region)
-    system.api = {
-        k: f"{v}, in a SharedRegion" for k, v in system.api.items() if k != "hosts_call_ns"
-    }
-    system.build_hosts = None
-    system.hosts_stmt = ""
+    system.api = {k: f"{v}, in a SharedRegion" for k, v in system.api.items()}
+    system.api["hosts_call_ns"] = "m.call(host, f) on region.breaker_map(capacity=hosts)"
+
+    def build_hosts(hosts: list[str]) -> dict[str, Any]:
+        from .. import _breaker_c
+        from .._options import BreakerOptions
+        from .._region_map import map_size
+
+        block = _breaker_c.shared_size(BreakerOptions(reset_timeout=OPEN_SECONDS))
+        size = map_size(len(hosts), block) + (1 << 16)
+        r = region_class("c")(f"fbbench-{os.getpid()}-hosts", size=size)
+        r.unlink()  # this process's mapping stays
+        m = r.breaker_map("hosts", capacity=len(hosts), reset_timeout=OPEN_SECONDS)
+        for h in hosts:
+            m.call(h, f)
+        return {"m": m, "region": r}
+
+    system.build_hosts = build_hosts
+    system.hosts_stmt = "m.call(h, f)"
     return system, ""
 
 

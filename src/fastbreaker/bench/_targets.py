@@ -45,6 +45,14 @@ PAIR_TARGETS = [
     ),
     ("fastbreaker_dry_run", "call_ns", "dry_run call(f)-f()", 1.05, "fastbreaker", "plain"),
     ("fastbreaker_shared", "allow_ns", "SharedRegion allow()", 1.3, "fastbreaker", "local"),
+    (
+        "fastbreaker_shared",
+        "hosts_call_ns",
+        "shared map m.call(h, f)-f()",
+        2.0,
+        "fastbreaker",
+        "local map",
+    ),
 ]
 
 
