@@ -4,7 +4,9 @@ full-jitter bounds, and the interplay of retries, deadlines and budgets. No real
 from __future__ import annotations
 
 import os
+import sys
 import types
+import uuid
 from fractions import Fraction
 from typing import Any
 
@@ -55,20 +57,48 @@ def _apply(budget: Any, clock: FakeClock, op: str, arg: int) -> object:
 
 
 @pytest.mark.skipif(bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="pure build")
-@given(ratio=ratios, capacity=capacities, rate=rates, script=ops, start=st.integers(0, 10**15))
+@given(
+    ratio=ratios,
+    capacity=capacities,
+    rate=rates,
+    script=ops,
+    start=st.integers(0, 10**15),
+    shared=st.booleans() if sys.platform != "win32" else st.just(False),
+)
 @settings(max_examples=300, deadline=None)
 def test_both_cores_agree_step_by_step(
-    ratio: float, capacity: float, rate: float, script: list[tuple[str, int]], start: int
+    ratio: float,
+    capacity: float,
+    rate: float,
+    script: list[tuple[str, int]],
+    start: int,
+    shared: bool,
 ) -> None:
     from fastbreaker import _budget_c
+    from fastbreaker._region import MIN_SIZE, region_class
 
     clocks = FakeClock(start), FakeClock(start)
-    c = _budget_c.RetryBudget(ratio, capacity, rate, clock=clocks[0])
-    p = _budget_py.RetryBudget(ratio, capacity, rate, clock=clocks[1])
+    if shared:  # the same budget with its words in a SharedRegion, on each core
+        regions = [
+            region_class(core)(f"fbbeq-{uuid.uuid4().hex[:12]}", size=MIN_SIZE, clock=clock)
+            for core, clock in zip(("c", "python"), clocks)
+        ]
+        for r in regions:
+            r.unlink()  # this process's mapping stays
+        c, p = (
+            r.retry_budget("b", ratio=ratio, capacity=capacity, min_per_sec=rate) for r in regions
+        )
+    else:
+        c = _budget_c.RetryBudget(ratio, capacity, rate, clock=clocks[0])
+        p = _budget_py.RetryBudget(ratio, capacity, rate, clock=clocks[1])
     assert (c.ratio, c.capacity, c.min_per_sec) == (p.ratio, p.capacity, p.min_per_sec)
     for op, arg in script:
         assert _apply(c, clocks[0], op, arg) == _apply(p, clocks[1], op, arg), (op, arg)
         assert c.tokens == p.tokens
+    if shared:
+        del c, p
+        for r in regions:
+            r.close()
 
 
 @given(ratio=ratios, capacity=capacities, rate=rates, script=ops)

@@ -13,7 +13,11 @@ paths' business (issue 11 item 4), not the map's.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sys
+import uuid
 
 import pytest
 from hypothesis import settings, strategies as st
@@ -37,6 +41,55 @@ class Ignored(Exception):
     pass
 
 
+def _str_key(key: object) -> str:
+    return key if isinstance(key, str) else repr(key)
+
+
+class StrKeys:
+    """A shared map (str/bytes keys only) seen through this test's keys (repr of the others)."""
+
+    def __init__(self, m, capacity):
+        self.m = m
+        self._max_keys = capacity
+        self._group = m._group
+
+    def allow(self, key):
+        return self.m.allow(_str_key(key))
+
+    def record_success(self, key, elapsed=None):
+        return self.m.record_success(_str_key(key), elapsed)
+
+    def record_failure(self, key):
+        return self.m.record_failure(_str_key(key))
+
+    def call(self, key, fn, *args, **kwargs):
+        return self.m.call(_str_key(key), fn, *args, **kwargs)
+
+    def __getitem__(self, key):
+        return self.m[_str_key(key)]
+
+    def get(self, key):
+        return self.m.get(_str_key(key))
+
+    def __contains__(self, key):
+        return _str_key(key) in self.m
+
+    def __iter__(self):
+        return iter(self.m)
+
+    def __len__(self):
+        return len(self.m)
+
+    def metrics(self):
+        return self.m.metrics()
+
+    def open_keys(self):
+        return self.m.open_keys()
+
+    def on_state_change(self, callback):
+        return self.m.on_state_change(callback)
+
+
 class SameMaps(RuleBasedStateMachine):
     @initialize(
         window=st.sampled_from([0, 0, 3, 5]),
@@ -50,6 +103,7 @@ class SameMaps(RuleBasedStateMachine):
         max_keys=st.sampled_from([1, 2, 3, 4, None]),
         ratio=st.sampled_from([0.2, 0.5, 1.0]),
         events=st.booleans(),
+        shared=st.booleans() if sys.platform != "win32" else st.just(False),
     )
     def build(
         self,
@@ -64,6 +118,7 @@ class SameMaps(RuleBasedStateMachine):
         max_keys,
         ratio,
         events,
+        shared,
     ):
         from fastbreaker import _breaker_c
 
@@ -82,10 +137,23 @@ class SameMaps(RuleBasedStateMachine):
             max_open_ratio=ratio,
         )
         self.clocks = [FakeClock(10**12), FakeClock(10**12)]
-        self.maps = [
-            _map.map_class(core)(**kw, clock=clock)
-            for core, clock in zip((_breaker_c, _breaker_py), self.clocks)
-        ]
+        self.regions = []
+        if shared:
+            # the same operations on a shared map (SharedRegion) of each core
+            from fastbreaker._region import region_class
+
+            capacity = kw.pop("max_keys") or 8
+            self.maps = []
+            for core, clock in zip(("c", "python"), self.clocks):
+                r = region_class(core)(f"fbmeq-{uuid.uuid4().hex[:12]}", size=1 << 18, clock=clock)
+                r.unlink()  # this process's mapping stays until close()
+                self.regions.append(r)
+                self.maps.append(StrKeys(r.breaker_map("m", capacity=capacity, **kw), capacity))
+        else:
+            self.maps = [
+                _map.map_class(core)(**kw, clock=clock)
+                for core, clock in zip((_breaker_c, _breaker_py), self.clocks)
+            ]
         self.events = [[], []]
         if events:
             for m, log in zip(self.maps, self.events):
@@ -178,6 +246,14 @@ class SameMaps(RuleBasedStateMachine):
     def advance(self, seconds):
         for c in self.clocks:
             c.advance(seconds)
+
+    def teardown(self):
+        if getattr(self, "regions", None):
+            self.maps, self.inflight = [], []
+            gc.collect()
+            for r in self.regions:
+                with contextlib.suppress(BufferError):  # a kept traceback may hold a breaker
+                    r.close()
 
     @invariant()
     def identical(self):

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import hypothesis
 import pytest
 import region_support as rs
 
@@ -591,3 +592,45 @@ def test_a_probe_held_by_a_killed_process_is_reclaimed_by_probe_timeout(
     assert b.allow() and b.state == fb.State.HALF_OPEN
     b.record_success()
     assert b.state == fb.State.CLOSED
+
+
+@pytest.mark.skipif(not fastbreaker.COMPILED, reason="compares the compiled core with the twin")
+@hypothesis.given(
+    cap=hypothesis.strategies.integers(1, 4),
+    ops=hypothesis.strategies.lists(
+        hypothesis.strategies.sampled_from(["try", "release", "with", "with_raises", "call"]),
+        max_size=40,
+    ),
+)
+@hypothesis.settings(max_examples=150, deadline=None)
+def test_shared_bulkheads_of_both_cores_agree_step_by_step(cap: int, ops: list[str]) -> None:
+    regions = [
+        _region.region_class(core)(f"fbbh-{uuid.uuid4().hex[:12]}", size=_region.MIN_SIZE)
+        for core in ("c", "python")
+    ]
+    for r in regions:
+        r.unlink()
+    sides = [r.bulkhead("bh", cap) for r in regions]
+
+    def step(bh: Any, op: str) -> Any:
+        try:
+            if op == "try":
+                return bh.try_acquire()
+            if op == "release":
+                return bh.release()
+            if op == "call":
+                return bh.call(lambda: "ok")
+            with bh:
+                if op == "with_raises":
+                    raise KeyError("inside")
+            return "with"
+        except Exception as exc:
+            return type(exc).__name__
+
+    for op in ops:
+        assert step(sides[0], op) == step(sides[1], op), op
+        assert sides[0].metrics() == sides[1].metrics()
+        assert sides[0].in_flight == sides[1].in_flight
+    del sides
+    for r in regions:
+        r.close()

@@ -7,9 +7,12 @@ tests that cannot apply to a shared breaker are listed in ``NOT_APPLICABLE`` wit
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import types
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,11 +41,13 @@ def _shared_namespace(ns: types.SimpleNamespace) -> types.SimpleNamespace:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
         region = ns.SharedRegion(f"fbrg-{uuid.uuid4().hex[:12]}", size=1 << 22, clock=clock)
-        region.unlink()  # this process's mapping stays
+        region.unlink()  # this process's mapping stays until the test ends
+        out.regions.append(region)
         return region.breaker(name or "shared", *args, **options)
 
     out.CircuitBreaker = CircuitBreaker
     out.impl = ns.impl
+    out.regions = []
     return out
 
 
@@ -50,6 +55,12 @@ SHARED = {f"{impl}-shared": _shared_namespace(ns) for impl, ns in NAMESPACES.ite
 
 
 @pytest.fixture(params=list(SHARED))
-def fb(request: pytest.FixtureRequest) -> types.SimpleNamespace:
+def fb(request: pytest.FixtureRequest) -> Iterator[types.SimpleNamespace]:
     """The API of one core whose ``CircuitBreaker(...)`` makes a shared breaker."""
-    return SHARED[request.param]
+    ns = SHARED[request.param]
+    yield ns
+    gc.collect()
+    while ns.regions:
+        region = ns.regions.pop()
+        with contextlib.suppress(BufferError):  # a test's traceback may keep a breaker
+            region.close()
