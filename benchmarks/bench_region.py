@@ -79,7 +79,7 @@ def measure(core: Any, n_keys: int, repeats: int) -> dict[str, Any]:
         out[metric] = {"local_ns": local, "shared_ns": shared, "ratio": shared / local}
     from fastbreaker._region_map import SLOT_SIZE
 
-    out["region_bytes_per_key"] = SLOT_SIZE + _block_size(core)
+    out["region_bytes_per_key"] = SLOT_SIZE + 8 + _block_size(core)  # slot, tag, block
     out["process_bytes_per_key"] = _process_bytes(core, n_keys)
     return out
 

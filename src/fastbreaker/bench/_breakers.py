@@ -483,6 +483,23 @@ def _notes(result: Mapping[str, Any]) -> list[str]:
         "by fastbreaker (compiled)'s.",
         f"hosts: {m['hosts']:,} hosts, one breaker per host, one guarded call per host "
         f"round-robin; bytes/host by {m['memory']}.",
+        *_shared_note(),
+    ]
+
+
+def _shared_note() -> list[str]:
+    """What a shared map's key takes in the region (bytes/host above is this process's part)."""
+    try:
+        from .. import _breaker_c
+        from .._options import BreakerOptions
+        from .._region_map import SLOT_SIZE
+    except ImportError:
+        return []
+    block = (_breaker_c.shared_size(BreakerOptions()) + 63) & ~63
+    return [
+        f"fastbreaker shared: state in a SharedRegion; a shared map's key takes "
+        f"{SLOT_SIZE + 8 + block} bytes in the region (table slot {SLOT_SIZE}, tag 8, breaker "
+        f"block {block}), besides the bytes/host this process holds for the keys it used."
     ]
 
 
