@@ -634,3 +634,23 @@ def test_shared_bulkheads_of_both_cores_agree_step_by_step(cap: int, ops: list[s
     del sides
     for r in regions:
         r.close()
+
+
+def test_the_lock_file_fallback_works_across_processes(
+    fb: types.SimpleNamespace, name: str, clock: rs.SharedClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # macOS refuses record locks on POSIX shared memory: the region then locks a file beside it
+    monkeypatch.setattr(_region, "FORCE_LOCK_FILE", True)
+    region = fb.SharedRegion(name, clock=clock)
+    assert region._seg.lock_file >= 0 and os.path.exists(_region.lock_file_path(name))
+    b = region.breaker("up", failure_threshold=3)
+    assert run("fork", rs.trip, fb.impl, name, clock)[1] == "OPEN"
+    assert b.state == fb.State.OPEN and not b.allow()
+    bh = region.bulkhead("bh", 4)
+    assert run("fork", rs.observe, fb.impl, name, clock)[:2] == ("OPEN", False)
+    assert bh.try_acquire()
+    bh.release()
+    del b, bh
+    region.unlink()
+    region.close()
+    assert not os.path.exists(_region.lock_file_path(name))

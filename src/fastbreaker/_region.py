@@ -217,12 +217,15 @@ class _Segment:
     process that name it (record locks belong to the process: closing a second descriptor of
     the same file would drop the first one's locks)."""
 
-    def __init__(self, shm: shared_memory.SharedMemory) -> None:
+    def __init__(self, shm: shared_memory.SharedMemory, name: str) -> None:
         self.shm = shm
         assert shm.buf is not None
         self.buf: memoryview = shm.buf
         self.users = 0
-        fd = getattr(shm, "_fd", -1)
+        self.lock_file = -1
+        fd = _lockable_fd(shm, name)
+        if fd != getattr(shm, "_fd", -1):
+            self.lock_file = fd
         self.fd = fd
         self.dir_lock = RecordLock(fd, 0)
         self.locks: dict[int, RecordLock] = {}
@@ -233,6 +236,43 @@ class _Segment:
         if lock is None:
             lock = self.locks.setdefault(offset, RecordLock(self.fd, offset))
         return lock
+
+
+FORCE_LOCK_FILE = False
+"""Tests: lock a lock file beside the segment even where the segment itself can be locked (every
+process of the region must then set it: they must all lock the same file)."""
+
+
+def lock_file_path(name: str) -> str:
+    """Where the record locks of region ``name`` live when its segment cannot be locked (macOS
+    refuses record locks on POSIX shared memory): a file in the temporary directory."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"fastbreaker-region-{name}.lock")
+
+
+def _lockable_fd(shm: shared_memory.SharedMemory, name: str) -> int:
+    """A descriptor whose fcntl record locks every process of the region shares: the segment's
+    own (Linux), else the region's lock file (macOS)."""
+    import fcntl
+
+    fd = getattr(shm, "_fd", -1)
+    if fd >= 0 and not FORCE_LOCK_FILE:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+            return int(fd)
+        except BlockingIOError:
+            return int(fd)  # another process holds it: it works
+        except OSError:
+            pass
+    try:
+        return os.open(lock_file_path(name), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise OSError(
+            f"SharedRegion needs record locks: neither the segment nor {lock_file_path(name)!r} "
+            f"can be locked here ({exc})"
+        ) from exc
 
 
 _segments: dict[str, _Segment] = {}
@@ -346,9 +386,8 @@ class SharedRegion:
             seg = _segments.get(name)
             if seg is None:
                 shm, _ = _open(name, size, create)
-                seg = _Segment(shm)
                 try:
-                    self._check_lockable(seg)
+                    seg = _Segment(shm, name)
                     with seg.dir_lock:
                         self._init_or_check(seg.buf)
                 except BaseException:
@@ -361,23 +400,6 @@ class SharedRegion:
             seg.users += 1
         self._seg = seg
         self._closed = False
-
-    @staticmethod
-    def _check_lockable(seg: _Segment) -> None:
-        import fcntl
-
-        if seg.fd < 0:
-            raise OSError("this platform's shared memory has no file descriptor to lock")
-        try:
-            fcntl.lockf(seg.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-            fcntl.lockf(seg.fd, fcntl.LOCK_UN, 1, 0)
-        except BlockingIOError:
-            pass  # another process holds it: it works
-        except OSError as exc:
-            raise OSError(
-                f"SharedRegion needs record locks on shared memory, which this platform "
-                f"refuses: {exc}"
-            ) from exc
 
     def _init_or_check(self, buf: memoryview) -> None:
         magic = _get(buf, _H_MAGIC)
@@ -445,6 +467,8 @@ class SharedRegion:
                         "alive in this process: drop them before close()"
                     )
                 seg.shm.close()
+                if seg.lock_file >= 0:
+                    os.close(seg.lock_file)
                 _segments.pop(self._name, None)
             seg.users -= 1
             self._closed = True
@@ -455,6 +479,10 @@ class SharedRegion:
         import _posixshmem  # type: ignore[import-not-found]
 
         _posixshmem.shm_unlink("/" + self._name)
+        try:
+            os.unlink(lock_file_path(self._name))
+        except FileNotFoundError:
+            pass
 
     def __enter__(self) -> "SharedRegion":
         return self
