@@ -76,10 +76,10 @@ def test_rows_for_fastbreaker_floor_and_installed_peers(report: dict[str, Any]) 
     expected = ["fastbreaker_py", "floor"] + [p for p in PEERS if importlib.util.find_spec(p)]
     variants = {"fastbreaker_count_window", "fastbreaker_time_window", "fastbreaker_dry_run"}
     if fastbreaker.COMPILED:
-        expected += ["fastbreaker", "fastbreaker_fleet", *variants]
+        expected += ["fastbreaker", "fastbreaker_fleet", "fastbreaker_shared", *variants]
     assert sorted(keys) == sorted(expected)
     skipped = {s["label"] for s in data["skipped"]}
-    compiled_rows = {"fastbreaker (compiled)", "fastbreaker + fleet"} | {
+    compiled_rows = {"fastbreaker (compiled)", "fastbreaker + fleet", "fastbreaker shared"} | {
         label for label, _ in _breakers.VARIANTS
     }
     assert skipped == {p for p in PEERS if not importlib.util.find_spec(p)} | (
@@ -297,8 +297,9 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     for what in missed:
         assert what in proc.stderr
     verdicts = [ln for ln in proc.stdout.splitlines() if "target <=" in ln]
-    # four for the breaker, two of its rows with other options, one for the bulkhead
-    assert len(verdicts) == 7
+    # four for the breaker, two of its rows with other options, two for the shared row (allow,
+    # the shared map), one for the bulkhead
+    assert len(verdicts) == 9
     assert sum("MISSED" in ln for ln in verdicts) == len(missed)
 
 

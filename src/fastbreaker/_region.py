@@ -307,11 +307,22 @@ def _untrack(shm: shared_memory.SharedMemory) -> None:
         pass
 
 
+class _Mapping(shared_memory.SharedMemory):
+    """A SharedMemory that stays quiet when it is collected while objects still use it (at
+    interpreter exit, with shared breakers alive): the OS unmaps it with the process."""
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (BufferError, OSError):
+            pass
+
+
 def _open(name: str, size: int, create: bool) -> tuple[shared_memory.SharedMemory, bool]:
     kwargs: dict[str, Any] = {"track": False} if sys.version_info >= (3, 13) else {}
     if create:
         try:
-            shm = shared_memory.SharedMemory(name, create=True, size=size, **kwargs)
+            shm = _Mapping(name, create=True, size=size, **kwargs)
             _untrack(shm)
             return shm, True
         except FileExistsError:
@@ -321,7 +332,7 @@ def _open(name: str, size: int, create: bool) -> tuple[shared_memory.SharedMemor
     deadline = None
     while True:
         try:
-            shm = shared_memory.SharedMemory(name, create=False, **kwargs)
+            shm = _Mapping(name, create=False, **kwargs)
         except FileNotFoundError:
             raise FileNotFoundError(
                 f"no shared region named {name!r}: create it first (create=True)"
