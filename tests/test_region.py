@@ -656,3 +656,15 @@ def test_the_lock_file_fallback_works_across_processes(
     region.unlink()
     region.close()
     assert not os.path.exists(_region.lock_file_path(name))
+
+
+def test_a_shared_breaker_cannot_be_reconfigured_in_one_process(
+    fb: types.SimpleNamespace, name: str
+) -> None:
+    from fastbreaker._options import BreakerOptions
+
+    region = fb.SharedRegion(name)
+    b = region.breaker("up", failure_threshold=3)
+    with pytest.raises(ValueError, match="cannot be reconfigured: its options are the region's"):
+        b._config.reconfigure(BreakerOptions(failure_threshold=9, name="up"))
+    assert b._config.options.failure_threshold == 3

@@ -872,6 +872,11 @@ cdef class Config:
         """
         if self.shared:
             raise ValueError("a config shared by a BreakerMap cannot be reconfigured")
+        if self.region_view is not None:
+            raise ValueError(
+                "a breaker in a SharedRegion cannot be reconfigured: its options are the "
+                "region's, the same in every process"
+            )
         self.options.check_reconfigure(options)
         fb_store_rlx(&self.c.failure_threshold, options.failure_threshold)
         fb_store_rlx(&self.c.min_calls, options.min_calls)

@@ -451,6 +451,11 @@ class Config:
         """
         if self.shared:
             raise ValueError("a config shared by a BreakerMap cannot be reconfigured")
+        if self.region_view is not None:
+            raise ValueError(
+                "a breaker in a SharedRegion cannot be reconfigured: its options are the "
+                "region's, the same in every process"
+            )
         self.options.check_reconfigure(options)
         self.options.update_from(options)
 
