@@ -232,10 +232,16 @@ def test_close_refuses_while_objects_live_and_unlink_removes_the_name(
 ) -> None:
     region = fb.SharedRegion(name)
     b = region.breaker("up")
-    with pytest.raises(BufferError, match="still alive"):
+    budget, bulkhead = region.retry_budget("rb"), region.bulkhead("bh", 2)
+    m = region.breaker_map("m", capacity=2)
+    with pytest.raises(BufferError, match="4 objects made by the shared region"):
         region.close()
     assert b.allow()  # still usable
-    del b
+    del b, budget, m
+    with pytest.raises(BufferError, match="1 objects"):
+        region.close()
+    assert bulkhead.try_acquire()
+    del bulkhead
     region.unlink()
     region.close()
     with pytest.raises(ValueError, match="closed"):

@@ -104,3 +104,13 @@ assert_type(cached.metrics().fallback_active_seconds, float)
 
 async def use_degraded() -> None:
     assert_type(await apage("x"), int)
+
+
+def use_region() -> None:
+    # never run (mypy only): the objects of a SharedRegion are the ordinary classes
+    region = fb.SharedRegion("shop", size=1 << 20)
+    assert_type(region.breaker("payments", failure_threshold=5), fb.CircuitBreaker)
+    assert_type(region.breaker_map("hosts", capacity=100), fb.BreakerMap)
+    assert_type(region.retry_budget("rpc", ratio=0.1), fb.RetryBudget)
+    assert_type(region.bulkhead("db", 8), fb.Bulkhead)
+    assert_type(region.breaker_map("hosts", capacity=100).allow("a"), bool)

@@ -45,7 +45,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
+
+if TYPE_CHECKING:
+    from ._breaker_py import CircuitBreaker
+    from ._budget_py import RetryBudget
+    from ._bulkhead_py import Bulkhead
+    from ._map_py import BreakerMap
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -594,10 +600,10 @@ class SharedRegion:
         return self._seg.lock_at(offset)
 
     # -- the objects (each core fills these in: see region_class) ------------------------------
-    def breaker(self, name: str, /, *args: Any, **options: Any) -> Any:
+    def breaker(self, name: str, /, *args: Any, **options: Any) -> "CircuitBreaker":
         """The shared ``CircuitBreaker`` ``name`` (also its name), with every CircuitBreaker
         option but ``name`` and ``clock``; the same options in every process."""
-        return self._breaker_of(self._cores()[0], name, args, options)
+        return self._breaker_of(self._cores()[0], name, args, options)  # type: ignore[no-any-return]
 
     def _breaker_of(self, core: Any, name: str, args: Any, options: dict[str, Any]) -> Any:
         """``breaker()`` with the breaker core module ``core`` (tests: a racy build)."""
@@ -627,7 +633,7 @@ class SharedRegion:
 
     def breaker_map(
         self, name: str, /, *args: Any, capacity: int, max_open_ratio: float = 1.0, **options: Any
-    ) -> Any:
+    ) -> "BreakerMap":
         """The shared ``BreakerMap`` ``name``: at most ``capacity`` str or bytes keys (up to 239
         bytes), one breaker each, shared by every process; every BreakerMap option but
         ``max_keys`` and ``clock``. See ``_region_map`` for the table and its eviction."""
@@ -661,11 +667,11 @@ class SharedRegion:
         table = SharedTable(view, capacity, block, self._lock_at(offset), self._lock_at, offset)
         m = map_class(core)(*args, max_open_ratio=ratio, clock=self._clock, **options)
         attach_table(m, table, ratio)
-        return self._made(m)
+        return cast("BreakerMap", self._made(m))
 
     def retry_budget(
         self, name: str, *, ratio: float = 0.1, capacity: float = 100.0, min_per_sec: float = 1.0
-    ) -> Any:
+    ) -> "RetryBudget":
         """The shared ``RetryBudget`` ``name``: one token bucket for every process."""
         from ._options import budget_units
 
@@ -679,18 +685,17 @@ class SharedRegion:
             nbytes,
             lambda view: core.shared_init(view, cap, self._clock),
         )
-        return self._made(
-            core.RetryBudget._shared(
-                ratio,
-                capacity,
-                min_per_sec,
-                self._clock,
-                self._view(offset, nbytes),
-                self._lock_at(offset),
-            )
+        budget = core.RetryBudget._shared(
+            ratio,
+            capacity,
+            min_per_sec,
+            self._clock,
+            self._view(offset, nbytes),
+            self._lock_at(offset),
         )
+        return cast("RetryBudget", self._made(budget))
 
-    def bulkhead(self, name: str, max_concurrent: int) -> Any:
+    def bulkhead(self, name: str, max_concurrent: int) -> "Bulkhead":
         """The shared ``Bulkhead`` ``name``: at most ``max_concurrent`` calls at once over every
         process. It never waits (``max_wait=0``): a waiter in one process cannot be woken by a
         release in another without polling. A slot records the process that holds it; when a
@@ -708,11 +713,10 @@ class SharedRegion:
             nbytes,
             lambda view: core.shared_init(view, max_concurrent),
         )
-        return self._made(
-            core.Bulkhead._shared(
-                max_concurrent, name, self._clock, self._view(offset, nbytes), self._lock_at(offset)
-            )
+        bulkhead = core.Bulkhead._shared(
+            max_concurrent, name, self._clock, self._view(offset, nbytes), self._lock_at(offset)
         )
+        return cast("Bulkhead", self._made(bulkhead))
 
     def _cores(self) -> tuple[Any, Any, Any]:
         if self._core == "c":
