@@ -483,7 +483,16 @@ class SharedRegion:
                         f"{alive} objects made by the shared region {self._name!r} are still "
                         "alive in this process: drop them before close()"
                     )
-                seg.shm.close()
+                try:
+                    seg.shm.close()
+                except BufferError:
+                    # A view of the mapping outlived its object (a free-threaded build can free
+                    # one a moment late): map it again, so that the region stays whole.
+                    seg.shm._buf = seg.buf = memoryview(seg.shm._mmap)  # type: ignore[attr-defined]
+                    raise BufferError(
+                        f"views of the shared region {self._name!r} are still alive in this "
+                        "process: drop them, then close() again"
+                    ) from None
                 if seg.lock_file >= 0:
                     os.close(seg.lock_file)
                 _segments.pop(self._name, None)
