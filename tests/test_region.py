@@ -8,6 +8,7 @@ shared breaker, and the racy control build is caught there too.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import queue
@@ -227,25 +228,27 @@ def test_attaching_to_another_layout_version_or_core_is_refused(
         _region.region_class(other)(name, create=False)
 
 
-def test_close_refuses_while_objects_live_and_unlink_removes_the_name(
+def test_close_unmaps_once_the_objects_are_gone_and_unlink_removes_the_name(
     fb: types.SimpleNamespace, name: str
 ) -> None:
     region = fb.SharedRegion(name)
     b = region.breaker("up")
     budget, bulkhead = region.retry_budget("rb"), region.bulkhead("bh", 2)
     m = region.breaker_map("m", capacity=2)
-    with pytest.raises(BufferError, match="4 objects made by the shared region"):
-        region.close()
-    assert b.allow()  # still usable
-    del b, budget, m
-    with pytest.raises(BufferError, match="1 objects"):
-        region.close()
-    assert bulkhead.try_acquire()
-    del bulkhead
     region.unlink()
     region.close()
     with pytest.raises(ValueError, match="closed"):
         region.breaker("up")
+    # the objects keep working: their state is in the mapping, which stays while they live
+    assert b.allow() and budget.allow_retry() and bulkhead.try_acquire() and m.allow("k")
+    assert name in _region._segments
+    del b, budget, m
+    gc.collect()
+    assert name in _region._segments and bulkhead.in_flight == 1
+    bulkhead.release()
+    del bulkhead
+    gc.collect()
+    assert name not in _region._segments  # unmapped with the last object
     with pytest.raises(FileNotFoundError):
         fb.SharedRegion(name, create=False)
 

@@ -36,6 +36,7 @@ lock is released by the kernel.
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import os
 import struct
@@ -235,7 +236,36 @@ class _Segment:
         self.fd = fd
         self.dir_lock = RecordLock(fd, 0)
         self.locks: dict[int, RecordLock] = {}
-        self.objects: weakref.WeakSet[Any] = weakref.WeakSet()  # made here, alive
+        self.live = 0  # objects made from this mapping and still alive
+        self.name = name
+        self.unmapped = False
+
+    def release_if_unused(self) -> None:
+        """Unmap the segment once no region object of this process and no object made by one
+        uses it (called with _segments_lock held)."""
+        if self.users > 0 or self.live > 0 or self.unmapped:
+            return
+        try:
+            self.shm.close()
+        except BufferError:
+            # A view of the mapping outlived its object (one in a reference cycle that the
+            # collector is still freeing; on a free-threaded build, one freed a moment late):
+            # map it again, so that nothing is left half closed, and try again after the next
+            # collection.
+            self.shm._buf = self.buf = memoryview(self.shm._mmap)  # type: ignore[attr-defined]
+            _retry_after_gc(self)
+            return
+        _pending.discard(self)
+        self.unmapped = True
+        if self.lock_file >= 0:
+            os.close(self.lock_file)
+        if _segments.get(self.name) is self:
+            del _segments[self.name]
+
+    def object_gone(self) -> None:
+        with _segments_lock:
+            self.live -= 1
+            self.release_if_unused()
 
     def lock_at(self, offset: int) -> RecordLock:
         lock = self.locks.get(offset)
@@ -281,14 +311,40 @@ def _lockable_fd(shm: shared_memory.SharedMemory, name: str) -> int:
         ) from exc
 
 
+_pending: set[_Segment] = set()
+
+
+def _retry_after_gc(seg: _Segment) -> None:
+    if not _pending:
+        gc.callbacks.append(_sweep)
+    _pending.add(seg)
+
+
+def _sweep(phase: str, info: dict[str, Any]) -> None:
+    """A gc callback while some segment waits to be unmapped: try again after a collection."""
+    if phase != "stop" or not _segments_lock.acquire(blocking=False):
+        return
+    try:
+        for seg in list(_pending):
+            seg.release_if_unused()
+            if seg.unmapped or seg.users or seg.live:
+                _pending.discard(seg)
+        if not _pending and _sweep in gc.callbacks:
+            gc.callbacks.remove(_sweep)
+    finally:
+        _segments_lock.release()
+
+
 _segments: dict[str, _Segment] = {}
-_segments_lock = threading.Lock()
+# Re-entrant: an object made by a region can be freed (and tell its segment) while this thread
+# holds the lock.
+_segments_lock = threading.RLock()
 
 
 def _after_fork_in_child() -> None:
     # A thread of the parent may have held these locks at the fork; the child has one thread.
     global _segments_lock
-    _segments_lock = threading.Lock()
+    _segments_lock = threading.RLock()
     for seg in _segments.values():
         seg.dir_lock._thread_lock = threading.Lock()
         for lock in seg.locks.values():
@@ -367,8 +423,8 @@ class SharedRegion:
     ``region.bulkhead(name, max_concurrent)`` return the ordinary objects, their state in the
     region: the same name gives the same state in every process.
 
-    ``close()`` unmaps the segment in this process (the objects it made must be gone first);
-    ``unlink()`` removes the segment's name (the processes that have it mapped keep it until they
+    ``close()`` ends this region object; the segment is unmapped in this process once the
+    objects it made are gone too. ``unlink()`` removes the segment's name (the processes that have it mapped keep it until they
     close it). Not available on Windows (``OSError``).
     """
 
@@ -470,34 +526,15 @@ class SharedRegion:
         return self._seg.buf
 
     def close(self) -> None:
-        """Unmap the segment in this process (a no-op if closed). The objects this region made
-        must have been dropped: their state is in the mapping (``BufferError`` otherwise)."""
+        """This region object is done (a no-op if closed): it makes no more objects. The segment
+        is unmapped in this process once the objects it made are gone too (they keep working
+        until then: their state is in the mapping)."""
         if self._closed:
             return
         with _segments_lock:
-            seg = self._seg
-            if seg.users == 1:
-                alive = len(seg.objects)
-                if alive:
-                    raise BufferError(
-                        f"{alive} objects made by the shared region {self._name!r} are still "
-                        "alive in this process: drop them before close()"
-                    )
-                try:
-                    seg.shm.close()
-                except BufferError:
-                    # A view of the mapping outlived its object (a free-threaded build can free
-                    # one a moment late): map it again, so that the region stays whole.
-                    seg.shm._buf = seg.buf = memoryview(seg.shm._mmap)  # type: ignore[attr-defined]
-                    raise BufferError(
-                        f"views of the shared region {self._name!r} are still alive in this "
-                        "process: drop them, then close() again"
-                    ) from None
-                if seg.lock_file >= 0:
-                    os.close(seg.lock_file)
-                _segments.pop(self._name, None)
-            seg.users -= 1
             self._closed = True
+            self._seg.users -= 1
+            self._seg.release_if_unused()
 
     def unlink(self) -> None:
         """Remove the segment's name (``FileNotFoundError`` if it is already gone); processes
@@ -637,7 +674,11 @@ class SharedRegion:
         )
 
     def _made(self, obj: Any) -> Any:
-        self._seg.objects.add(obj)
+        seg = self._seg
+        with _segments_lock:
+            seg.live += 1
+        gone = weakref.finalize(obj, seg.object_gone)
+        gone.atexit = False  # at exit the process unmaps everything; objects may still run
         return obj
 
     def breaker_map(
