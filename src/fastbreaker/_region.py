@@ -419,13 +419,15 @@ class SharedRegion:
     ``SharedRegion(name, *, size=1 << 20, create=True)``: the first process creates the segment
     (``size`` bytes, at least 36 KiB), the others attach to it (their ``size`` is not used);
     ``create=False`` only attaches (``FileNotFoundError`` if there is none). Then
-    ``region.breaker(name, ...)``, ``region.retry_budget(name, ...)`` and
-    ``region.bulkhead(name, max_concurrent)`` return the ordinary objects, their state in the
-    region: the same name gives the same state in every process.
+    ``region.breaker(name, ...)``, ``region.breaker_map(name, *, capacity, ...)``,
+    ``region.retry_budget(name, ...)`` and ``region.bulkhead(name, max_concurrent)`` return the
+    ordinary objects, their state in the region: the same name gives the same state in every
+    process. ``clock`` (tests) is the clock of the objects made, which every process must share
+    (default: ``CLOCK_MONOTONIC``, the same for every process of the host).
 
     ``close()`` ends this region object; the segment is unmapped in this process once the
-    objects it made are gone too. ``unlink()`` removes the segment's name (the processes that have it mapped keep it until they
-    close it). Not available on Windows (``OSError``).
+    objects it made are gone too. ``unlink()`` removes the segment's name (the processes that
+    have it mapped keep it until they close it). Not available on Windows (``OSError``).
     """
 
     _core = "python"
