@@ -297,9 +297,9 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     for what in missed:
         assert what in proc.stderr
     verdicts = [ln for ln in proc.stdout.splitlines() if "target <=" in ln]
-    # four for the breaker, two of its rows with other options, two for the shared row (allow,
-    # the shared map), one for the bulkhead
-    assert len(verdicts) == 9
+    # four for the breaker, two of its rows with other options, one for the shared row, one for
+    # the bulkhead
+    assert len(verdicts) == 8
     assert sum("MISSED" in ln for ln in verdicts) == len(missed)
 
 

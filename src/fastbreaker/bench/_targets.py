@@ -44,15 +44,9 @@ PAIR_TARGETS = [
         "window=100",
     ),
     ("fastbreaker_dry_run", "call_ns", "dry_run call(f)-f()", 1.05, "fastbreaker", "plain"),
+    # (the shared map's target, allow(key) <= 2x the local map's over 10,000 keys, is checked by
+    # benchmarks/bench_region.py, which times both maps alone, interleaved)
     ("fastbreaker_shared", "allow_ns", "SharedRegion allow()", 1.3, "fastbreaker", "local"),
-    (
-        "fastbreaker_shared",
-        "hosts_call_ns",
-        "shared map m.call(h, f)-f()",
-        2.0,
-        "fastbreaker",
-        "local map",
-    ),
 ]
 
 
