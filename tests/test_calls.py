@@ -126,6 +126,59 @@ async def test_async_with(fb, clock):
     assert (m.successes, m.failures, m.rejected) == (1, 1, 1)
 
 
+def test_async_with_methods_driven_by_hand(fb, clock):
+    # What __aenter__/__aexit__ return is awaitable and, driven as an iterator, finishes at
+    # once: the compiled core's is an awaitable already complete, the twin's a coroutine.
+    b = fb.CircuitBreaker(failure_threshold=1, clock=clock)
+    with pytest.raises(StopIteration) as entered:
+        next(b.__aenter__().__await__())
+    assert entered.value.value is b
+    with pytest.raises(StopIteration) as left:
+        next(b.__aexit__(None, None, None).__await__())
+    assert left.value.value is None
+    assert b.metrics().successes == 1
+    # a failure suppresses nothing (the awaited result is None, so the error propagates)
+    with pytest.raises(StopIteration):
+        next(b.__aenter__().__await__())
+    with pytest.raises(StopIteration) as left:
+        next(b.__aexit__(TimeoutError, TimeoutError(), None).__await__())
+    assert left.value.value is None
+    assert (b.metrics().failures, b.state) == (1, fb.State.OPEN)
+
+
+async def test_async_with_keeps_nothing_per_block(fb, clock):
+    # a long-running `async with` loop holds no memory per block (nor a reference per block)
+    import gc
+    import sys
+    import tracemalloc
+
+    b = fb.CircuitBreaker(clock=clock)
+
+    async def blocks(n):
+        for _ in range(n):
+            async with b:
+                pass
+
+    await blocks(1000)  # warm up: caches, the context's stack
+    enter = b.__aenter__()
+    kind = type(enter)  # the awaitable's type (a heap type in the compiled core)
+    await enter
+    await b.__aexit__(None, None, None)
+    gc.collect()
+    refs = sys.getrefcount(kind)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await blocks(20_000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000, f"{grown} bytes kept by 20,000 async with blocks"
+    assert sys.getrefcount(kind) <= refs
+    assert b.metrics().successes == 21_001
+
+
 async def test_async_with_interleaved_tasks(fb, clock):
     # Each task's `async with` keeps its own permit even when they interleave.
     b = fb.CircuitBreaker(failure_threshold=100, clock=clock)

@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import fractions
 import os
+import sysconfig
 import threading
 import time
 import types
@@ -60,6 +61,13 @@ def racy(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespace:
     if capi_ext.core_source_dir() is None:
         pytest.skip("the core's .pyx sources are not available to build the racy control")
     return capi_ext.cached("racy", tmp_path_factory)  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session")
+def striped(tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespace:
+    if capi_ext.core_source_dir() is None:
+        pytest.skip("the core's .pyx sources are not available to build the striped copy")
+    return capi_ext.cached("striped", tmp_path_factory)  # type: ignore[return-value]
 
 
 # -- the breaker hammer --------------------------------------------------------------------------
@@ -316,6 +324,79 @@ def test_racy_breaker_core_is_caught(racy: Any) -> None:
             break
     print(f"\n[stress breaker racy] {reports[-1]}")
     assert reports[-1].violations, f"the racy core went undetected: {[str(r) for r in reports]}"
+
+
+# -- striped counters (free-threaded builds; _fb_stripe.h) ----------------------------------------
+# THREADS threads call one CLOSED breaker at once: once they have taken turns on it, it counts
+# admissions and successes per CPU, and metrics() adds the stripes up. At quiescence the sums
+# must be exact. The shipped core stripes on a free-threaded build; the "striped" copy forces
+# stripes on any build; the racy copy (non-atomic stripe adds) must lose counts.
+COUNTS_PER_THREAD = 300_000
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+def hammer_counts(client: Any, breaker: Any) -> int:
+    """THREADS threads of COUNTS_PER_THREAD admissions + successes; the total admitted."""
+    admitted = [0] * THREADS
+    start = threading.Barrier(THREADS)
+
+    def run(i: int) -> None:
+        start.wait()
+        admitted[i] = client.hammer_counts(breaker, COUNTS_PER_THREAD)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(admitted)
+
+
+@needs_c
+@needs_cc
+@own_threads
+@pytest.mark.parametrize("core", ["shipped", "striped"])
+def test_striped_counts_are_exact_at_quiescence(client: Any, striped: Any, core: str) -> None:
+    lib = fastbreaker._breaker_c if core == "shipped" else striped.breaker_module
+    cli = client if core == "shipped" else striped.client
+    breaker = lib.CircuitBreaker(failure_threshold=5, reset_timeout=3600)
+    want_stripes = (core == "striped" or FREE_THREADED) and (os.cpu_count() or 1) > 1
+    total = 0
+    for _ in range(RACY_ATTEMPTS):  # until the threads have overlapped (a loaded machine may
+        # run them one after another): exact after every round
+        total += hammer_counts(cli, breaker)
+        m = breaker.metrics()
+        assert (m.permitted, m.successes, m.failures, m.stale) == (total, total, 0, 0)
+        if not want_stripes or lib._test_striped(breaker):
+            break
+    assert total % (THREADS * COUNTS_PER_THREAD) == 0  # CLOSED throughout: all admitted
+    if want_stripes:
+        assert lib._test_striped(breaker), "threads took turns, yet the breaker has no stripes"
+    # a breaker that one thread calls never gets stripes
+    alone = lib.CircuitBreaker(reset_timeout=3600)
+    assert cli.hammer_counts(alone, 10_000) == 10_000
+    assert not lib._test_striped(alone)
+    assert alone.metrics().permitted == alone.metrics().successes == 10_000
+
+
+@needs_c
+@needs_cc
+@own_threads
+def test_racy_striped_counts_are_caught(racy: Any) -> None:
+    """The negative control: stripe adds that are a plain load + store lose counts."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: a breaker never gets stripes")
+    found = []
+    for _ in range(RACY_ATTEMPTS):
+        breaker = racy.CircuitBreaker(failure_threshold=5, reset_timeout=3600)
+        total = hammer_counts(racy.client, breaker)
+        m = breaker.metrics()
+        found.append((total, m.permitted, m.successes))
+        if m.permitted != total or m.successes != total:
+            break
+    print(f"\n[stress striped racy] admitted, permitted, successes: {found}")
+    total, permitted, successes = found[-1]
+    assert permitted != total or successes != total, f"the racy stripes went undetected: {found}"
 
 
 # -- the time window's buckets -------------------------------------------------------------------

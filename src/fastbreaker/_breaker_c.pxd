@@ -46,6 +46,10 @@ cdef int fb_breaker_release(fb_breaker_t *b, int64_t permit, int outcome, int64_
 # callbacks fired, the outcome classified and recorded. Spares a Python method call.
 cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs)
 
+# With the GIL: breaker.record_success() (FB_SUCCESS) or breaker.record_failure() (FB_FAILURE)
+# on a compiled CircuitBreaker, callbacks fired. Spares a Python method call.
+cdef object fb_breaker_record(object breaker, int outcome)
+
 # BreakerMap's use: the two spare words of a breaker in a SharedRegion (its table slot and tag).
 cdef int64_t *fb_breaker_spare(fb_breaker_t *b) noexcept nogil
 

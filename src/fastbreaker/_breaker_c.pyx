@@ -92,6 +92,22 @@ cdef extern from "_fb_breaker.h" nogil:
         extra_t *x
         state_t own
 
+# permitted, rejected and successes, striped on free-threaded builds (see _fb_stripe.h): add with
+# fb_count, read with fb_counted.
+cdef extern from "_fb_stripe.h" nogil:
+    enum:
+        FB_CNT_PERMITTED
+        FB_CNT_REJECTED
+        FB_CNT_SUCCESSES
+    void fb_stripes_init()
+    void fb_count(core_t *b, int64_t *word, int which)
+    int64_t fb_counted(core_t *b, int64_t *word, int which)
+    void fb_stripes_zero(core_t *b)
+    void fb_stripes_release(core_t *b)
+    bint fb_stripes_installed(core_t *b)
+
+fb_stripes_init()
+
 # The config pointer is swapped (BreakerMap) while other threads read it: atomic accesses.
 cdef inline config_t *cfg_of(core_t *b) noexcept nogil:
     return <config_t *>fb_load_ptr(<void **>&b.cfg)
@@ -266,6 +282,11 @@ cdef bint take_over(core_t *b, int64_t w) noexcept nogil:
         return False
     return fb_cas_strong(&b.s.word, &w, w & ~(<int64_t>BUSY))
 
+def _test_striped(CircuitBreaker breaker):
+    """Test hook: whether ``breaker`` counts in stripes (free-threaded builds, _fb_stripe.h)."""
+    return fb_stripes_installed(&breaker.st)
+
+
 def _test_stall_in_claim(int fd):
     """Tests: the next transition of a shared breaker writes one byte to ``fd``, then never
     returns (a test kills the process there); -1 turns it off."""
@@ -368,7 +389,7 @@ cdef enum:
 cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
     cdef int64_t w = fb_load_acq(&b.s.word)
     if (w & (ST_MASK | BUSY)) == S_CLOSED:
-        fb_add(&b.s.permitted, 1)
+        fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
         return full_gen(b, w)
     return acquire_slow(b, now, trans)
 
@@ -389,7 +410,7 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             break
         gen = w_gen(w)
         if st == S_CLOSED:
-            fb_add(&b.s.permitted, 1)
+            fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
             return full_gen(b, w)
         now = resolve_now(b, now)
         if now < 0:
@@ -401,7 +422,7 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             if not claim_cas(b, &w):
                 continue
             gen = transition(b, w, S_HALF_OPEN, now, 1, w_level(w), False, trans)
-            fb_add(&b.s.permitted, 1)
+            fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
             return gen  # this caller is the first probe of the generation it published
         # HALF_OPEN
         inflight = w_inflight(w)
@@ -415,16 +436,16 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             break
         fb_max(&b.s.since_ns, now)
         if fb_cas(&b.s.word, &w, w + ((<int64_t>1) << INFL_SHIFT)):
-            fb_add(&b.s.permitted, 1)
+            fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
             trans[0] = trans_code(S_HALF_OPEN, S_HALF_OPEN, gen)
             return full_gen(b, w)
     if c.dry_run:
         x = x_need(b)
         if x != NULL:
             fb_add(&x.would_reject, 1)
-        fb_add(&b.s.permitted, 1)
+        fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
         return DRY_RUN_PERMIT
-    fb_add(&b.s.rejected, 1)
+    fb_count(b, &b.s.rejected, FB_CNT_REJECTED)
     return FB_REJECTED_
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -467,7 +488,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
                 if timeout and x != NULL:
                     fb_add(&x.timeouts, 1)
             else:
-                fb_add(&b.s.successes, 1)
+                fb_count(b, &b.s.successes, FB_CNT_SUCCESSES)
                 fb_add(&b.s.slow_calls, 1)
             if x != NULL:
                 fb_add(&x.probe_failed, 1)
@@ -477,14 +498,14 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
         if ok >= opt(&c.success_threshold):
             if not claim_cas(b, &w):
                 continue
-            fb_add(&b.s.successes, 1)
+            fb_count(b, &b.s.successes, FB_CNT_SUCCESSES)
             x = x_need(b)
             if x != NULL:
                 fb_add(&x.probe_ok, 1)
             transition(b, w, S_CLOSED, 0, 0, 0, False, trans)
             return 0
         if fb_cas(&b.s.word, &w, w - ((<int64_t>1) << INFL_SHIFT) + ((<int64_t>1) << OK_SHIFT)):
-            fb_add(&b.s.successes, 1)
+            fb_count(b, &b.s.successes, FB_CNT_SUCCESSES)
             x = x_need(b)
             if x != NULL:
                 fb_add(&x.probe_ok, 1)
@@ -518,7 +539,7 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
             if x != NULL:
                 fb_add(&x.timeouts, 1)
     else:
-        fb_add(&b.s.successes, 1)
+        fb_count(b, &b.s.successes, FB_CNT_SUCCESSES)
         if slow:
             fb_add(&b.s.slow_calls, 1)
     # consecutive failures, tagged with the generation (an older tag counts as zero)
@@ -696,7 +717,7 @@ cdef int64_t fb_breaker_acquire_closed(fb_breaker_t *b) noexcept nogil:
     cdef core_t *c = <core_t *>b
     cdef int64_t w = fb_load_acq(&c.s.word)
     if (w & (ST_MASK | BUSY)) == S_CLOSED:
-        fb_add(&c.s.permitted, 1)
+        fb_count(c, &c.s.permitted, FB_CNT_PERMITTED)
         return full_gen(c, w)
     return FB_REJECTED_
 
@@ -732,6 +753,12 @@ cdef object fb_breaker_call(object breaker, object fn, tuple args, dict kwargs):
         raise open_error(<CircuitBreaker>breaker)
     return guarded_run(<CircuitBreaker>breaker, permit, fn, PySequence_Fast_ITEMS(args),
                        len(args), NULL, kwargs)
+
+cdef object fb_breaker_record(object breaker, int outcome):
+    if type(breaker) is not CircuitBreaker:
+        raise TypeError(f"breaker must be a compiled CircuitBreaker, got {breaker!r}")
+    live(<CircuitBreaker>breaker)
+    finish(<CircuitBreaker>breaker, raw_permit(&(<CircuitBreaker>breaker).st), outcome, True)
 
 cdef int64_t *fb_breaker_spare(fb_breaker_t *b) noexcept nogil:
     return &(<core_t *>b).own.word
@@ -886,6 +913,64 @@ cdef class Config:
         fb_store_rlx(&self.c.max_reset_ns, options.max_reset_ns)
         fb_store_rlx(&self.c.probe_timeout_ns, options.probe_timeout_ns)
         self.options.update_from(options)
+
+
+# An awaitable that is complete when made: `await fb_ready(x)` is x, with no coroutine and no
+# StopIteration (the am_send slot returns the result directly; __next__ is there for iterators
+# driven by hand).
+cdef extern from *:
+    """
+    typedef struct { PyObject_HEAD PyObject *result; } fb_ready_t;
+    static PyObject *fb_ready_type = NULL;
+    static PyObject *fb_ready_self(PyObject *self) { Py_INCREF(self); return self; }
+    static PySendResult fb_ready_send(PyObject *self, PyObject *arg, PyObject **result) {
+        PyObject *r = ((fb_ready_t *)self)->result;
+        (void)arg;
+        Py_INCREF(r);
+        *result = r;
+        return PYGEN_RETURN;
+    }
+    static PyObject *fb_ready_next(PyObject *self) {
+        PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, ((fb_ready_t *)self)->result);
+        if (e != NULL) {
+            PyErr_SetObject(PyExc_StopIteration, e);
+            Py_DECREF(e);
+        }
+        return NULL;
+    }
+    static void fb_ready_dealloc(PyObject *self) {
+        PyTypeObject *tp = Py_TYPE(self);
+        Py_XDECREF(((fb_ready_t *)self)->result);
+        tp->tp_free(self);
+        Py_DECREF(tp);
+    }
+    static PyType_Slot fb_ready_slots[] = {
+        {Py_am_await, (void *)fb_ready_self},
+        {Py_am_send, (void *)fb_ready_send},
+        {Py_tp_iter, (void *)fb_ready_self},
+        {Py_tp_iternext, (void *)fb_ready_next},
+        {Py_tp_dealloc, (void *)fb_ready_dealloc},
+        {0, NULL},
+    };
+    static PyType_Spec fb_ready_spec = {
+        "fastbreaker._breaker_c.Ready", sizeof(fb_ready_t), 0, Py_TPFLAGS_DEFAULT, fb_ready_slots,
+    };
+    static int fb_ready_init(void) {
+        fb_ready_type = PyType_FromSpec(&fb_ready_spec);
+        return fb_ready_type == NULL ? -1 : 0;
+    }
+    static PyObject *fb_ready(PyObject *result) {
+        fb_ready_t *r = PyObject_New(fb_ready_t, (PyTypeObject *)fb_ready_type);
+        if (r == NULL) return NULL;  /* (PyObject_New took the heap type's reference) */
+        Py_INCREF(result);
+        r->result = result;
+        return (PyObject *)r;
+    }
+    """
+    int fb_ready_init() except -1
+    object fb_ready(object result)
+
+fb_ready_init()
 
 
 # `with breaker:` bookkeeping (the compiled counterpart of _calls' Block stacks; same
@@ -1205,6 +1290,7 @@ cdef class CircuitBreaker:
         fb_store_rlx(&b.s.permitted, 0)
         fb_store_rlx(&b.s.rejected, 0)
         fb_store_rlx(&b.s.successes, 0)
+        fb_stripes_zero(b)
         fb_store_rlx(&b.s.failures, 0)
         fb_store_rlx(&b.s.slow_calls, 0)
         fb_store_rlx(&b.s.ignored, 0)
@@ -1242,6 +1328,7 @@ cdef class CircuitBreaker:
                 PyMem_Free(<void *>(<uintptr_t>self.st.win & ~(<uintptr_t>1)))
             if x != NULL:
                 fb_raw_free(x)
+        fb_stripes_release(&self.st)
         self.st.win = NULL
         self.st.x = NULL
         if c != NULL:
@@ -1304,8 +1391,9 @@ cdef class CircuitBreaker:
         # While claimed, admissions are rejected, so the permit count cannot grow under the
         # check. (An admission that read the word just before the claim may still add its
         # permit after it: only without the GIL, which this Python method holds otherwise.)
-        if not in_flight_ok and fb_load_acq(&self.st.s.permitted) > (
-                fb_load_acq(&self.st.s.successes) + fb_load_acq(&self.st.s.failures)
+        if not in_flight_ok and fb_counted(&self.st, &self.st.s.permitted, FB_CNT_PERMITTED) > (
+                fb_counted(&self.st, &self.st.s.successes, FB_CNT_SUCCESSES)
+                + fb_load_acq(&self.st.s.failures)
                 + fb_load_acq(&self.st.s.ignored) + fb_load_acq(&self.st.s.stale)):
             fb_store_rel(&self.st.s.word, w)
             return False
@@ -1335,7 +1423,7 @@ cdef class CircuitBreaker:
         """Admit one call (True) or reject it (False); the caller reports its outcome."""
         cdef int64_t w = fb_load_acq(&self.st.s.word)
         if (w & (ST_MASK | BUSY)) == S_CLOSED:
-            fb_add(&self.st.s.permitted, 1)
+            fb_count(&self.st, &self.st.s.permitted, FB_CNT_PERMITTED)
             return True
         return acquire_or_reject(self) >= 0
 
@@ -1407,11 +1495,15 @@ cdef class CircuitBreaker:
         else:
             finish(self, permit, FB_SUCCESS)
 
-    async def __aenter__(self):
-        return self.__enter__()
+    # `async with`: the block is entered and left as a `with` block is, when the method is
+    # called (the await follows at once, in the same task); what the method returns is an
+    # awaitable already complete (fb_ready), so that no coroutine is made for it.
+    def __aenter__(self):
+        return fb_ready(self.__enter__())
 
-    async def __aexit__(self, et, exc, tb):
+    def __aexit__(self, et, exc, tb):
         self.__exit__(et, exc, tb)
+        return fb_ready(None)
 
     # -- manual control --------------------------------------------------------------------------
     def trip(self):
@@ -1485,9 +1577,9 @@ cdef class CircuitBreaker:
             rec, fail, slow = sums[0], sums[1], sums[2]
         return Metrics(
             state=_STATES[w & ST_MASK],
-            permitted=fb_load_rlx(&self.st.s.permitted),
-            rejected=fb_load_rlx(&self.st.s.rejected),
-            successes=fb_load_rlx(&self.st.s.successes),
+            permitted=fb_counted(&self.st, &self.st.s.permitted, FB_CNT_PERMITTED),
+            rejected=fb_counted(&self.st, &self.st.s.rejected, FB_CNT_REJECTED),
+            successes=fb_counted(&self.st, &self.st.s.successes, FB_CNT_SUCCESSES),
             failures=fb_load_rlx(&self.st.s.failures),
             slow_calls=fb_load_rlx(&self.st.s.slow_calls),
             ignored=fb_load_rlx(&self.st.s.ignored),
@@ -1580,8 +1672,9 @@ cdef class CircuitBreaker:
                 fb_store_rel(&self.st.s.word, w)  # release the claim unchanged
         w = fb_load_acq(&self.st.s.word)
         result = (applied, full_gen(&self.st, w), w & ST_MASK,
-                  fb_load_rlx(&self.st.s.successes), fb_load_rlx(&self.st.s.failures),
-                  fb_load_rlx(&self.st.s.rejected))
+                  fb_counted(&self.st, &self.st.s.successes, FB_CNT_SUCCESSES),
+                  fb_load_rlx(&self.st.s.failures),
+                  fb_counted(&self.st, &self.st.s.rejected, FB_CNT_REJECTED))
         if trans:
             fire(self, trans)
         return result

@@ -67,6 +67,19 @@ typedef struct fb_claim_s {
     int64_t word, pid, ns;
 } fb_claim_t;
 
+/* Free-threaded builds (and the tests' striped copy of the core): a breaker that threads take
+ * turns on counts its admissions, rejections and successes in per-CPU stripes, one cache line
+ * each, so that a CLOSED call on one breaker from several cores writes no shared line
+ * (_fb_stripe.h; metrics() adds them up). */
+#if defined(Py_GIL_DISABLED) || defined(FB_STRIPED_FOR_TESTS)
+#define FB_STRIPED 1
+#endif
+
+typedef struct fb_stripe_s {
+    int64_t permitted, rejected, successes;
+    int64_t pad[5];  /* a stripe is a cache line of its own */
+} fb_stripe_t;
+
 typedef struct fb_breaker_s {
     fb_state_t *s;       /* &own, or the state block in a SharedRegion */
     /* The window: NULL in consecutive mode; the count window; or the time window, tagged by its
@@ -77,6 +90,11 @@ typedef struct fb_breaker_s {
     fb_config_t *cfg;
     fb_extra_t *x;       /* NULL until needed (see fb_extra_t); in a region, its block */
     fb_state_t own;
+#ifdef FB_STRIPED
+    fb_stripe_t *stripes;  /* NULL until threads have taken FB_TURNS turns (a local breaker only) */
+    int64_t last_thread;   /* until then: the thread that counted last, */
+    int64_t turns;         /* and how often that changed */
+#endif
 } fb_breaker_t;
 
 #endif

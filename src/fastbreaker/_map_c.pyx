@@ -23,7 +23,8 @@ from cpython.ref cimport PyObject, Py_DECREF
 from libc.stdint cimport int64_t
 
 from ._breaker_c cimport (fb_breaker_t, fb_breaker_handle, fb_breaker_acquire_closed,
-                          fb_breaker_call, fb_breaker_state, fb_breaker_spare)
+                          fb_breaker_call, fb_breaker_record, fb_breaker_state,
+                          fb_breaker_spare, FB_SUCCESS, FB_FAILURE)
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -51,11 +52,40 @@ cdef extern from *:
     #endif
     }
     """
-    PyObject *fb_map_get(object d, object key)
+    PyObject *fb_map_get(PyObject *d, object key)
+
+
+cdef extern from *:
+    """
+    /* The map's dict. On a free-threaded build, a dict whose keys are all str compares, along a
+       probe, each stored key it meets by first taking a reference to it: a key added by another
+       thread (its count not yet shared) sends the lookup to the dict's lock, and otherwise the
+       count is a word the threads write in turn. A dict that has held a non-str key keeps the
+       general layout, which compares the stored hash first and touches only a key whose hash is
+       equal. So a free-threaded map's dict holds a non-str key for a moment at creation. */
+    static PyObject *fb_map_new_dict(void) {
+        PyObject *d = PyDict_New();
+    #ifdef Py_GIL_DISABLED
+        if (d != NULL) {
+            PyObject *k = PyLong_FromLong(0);
+            if (k == NULL || PyDict_SetItem(d, k, Py_None) < 0 || PyDict_DelItem(d, k) < 0) {
+                Py_XDECREF(k);
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(k);
+        }
+    #endif
+        return d;
+    }
+    """
+    dict fb_map_new_dict()
 
 
 cdef inline object lookup(BreakerMap m, object key):
-    cdef PyObject *p = fb_map_get(m._d, key)
+    # <PyObject *>: no reference taken on the dict (on a free-threaded build its count would
+    # be a word that every thread's lookups write)
+    cdef PyObject *p = fb_map_get(<PyObject *>m._d, key)
     cdef int64_t *bound
     if p == NULL:
         # absent, or unhashable: _new raises the error that names the parameter
@@ -95,7 +125,7 @@ cdef class BreakerMap:
     _core = _breaker_c
 
     def __cinit__(self, *args, **kwargs):
-        self._d = {}
+        self._d = fb_map_new_dict()
 
     def __init__(self, *args, **kwargs):
         _steps._init(self, *args, **kwargs)
@@ -122,12 +152,17 @@ cdef class BreakerMap:
     @cython.binding(False)
     def record_success(self, key, elapsed=None):
         """Report a success for ``key`` (``elapsed`` seconds make it slow when over the limit)."""
-        lookup(self, key).record_success(elapsed)
+        # the core's C entry point when there is no duration (no method lookup: on a
+        # free-threaded build the method's reference count is a word every thread writes)
+        if elapsed is None:
+            fb_breaker_record(lookup(self, key), FB_SUCCESS)
+        else:
+            lookup(self, key).record_success(elapsed)
 
     @cython.binding(False)
     def record_failure(self, key):
         """Report a failure for ``key``."""
-        lookup(self, key).record_failure()
+        fb_breaker_record(lookup(self, key), FB_FAILURE)
 
     @cython.binding(False)
     def call(self, key, fn, /, *args, **kwargs):

@@ -108,6 +108,13 @@ def build_client(dest: pathlib.Path) -> types.ModuleType:
 RACY_BREAKER = "_fb_racy_breaker"
 RACY_BUDGET = "_fb_racy_budget"
 RACY_CLIENT = "fb_capi_client_racy"
+# Copies of the core, by kind: (module prefix, macros). "racy" is the negative control (its
+# counters are striped too, so that a stripe's lost update can be caught); "striped" is the
+# shipped core with the free-threaded build's striped counters forced on, for GIL builds.
+COPIES = {
+    "racy": ("racy", [("FB_RACY_FOR_TESTS", "1"), ("FB_STRIPED_FOR_TESTS", "1")]),
+    "striped": ("striped", [("FB_STRIPED_FOR_TESTS", "1")]),
+}
 
 
 def _absolute_imports(text: str) -> str:
@@ -116,41 +123,47 @@ def _absolute_imports(text: str) -> str:
     return re.sub(r"^from \.(\w+) (c?import) ", r"from fastbreaker.\1 \2 ", text, flags=re.M)
 
 
-def build_racy(dest: pathlib.Path) -> types.ModuleType:
-    """The negative control: the core rebuilt with a non-atomic CAS, plus a client for it.
+def build_racy(dest: pathlib.Path, kind: str = "racy") -> types.ModuleType:
+    """A copy of the core, plus a client for it: by default the negative control (the core
+    rebuilt with a non-atomic CAS and non-atomic stripe adds); ``kind="striped"`` is the core
+    with striped counters on any build (see ``COPIES``).
 
     Returns a namespace with ``client`` (the client module), ``CircuitBreaker`` and
-    ``RetryBudget`` (the racy classes)."""
+    ``RetryBudget`` (the copy's classes)."""
+    prefix, macros = COPIES[kind]
+    breaker_name = RACY_BREAKER.replace("racy", prefix)
+    budget_name = RACY_BUDGET.replace("racy", prefix)
+    client_name = RACY_CLIENT.replace("racy", prefix)
     src = core_source_dir()
     if src is None:
         raise FileNotFoundError("the core's .pyx sources are not available (wheel install?)")
     with _lock:
         dest.mkdir(parents=True, exist_ok=True)
-        for core, copy in (("_breaker_c", RACY_BREAKER), ("_budget_c", RACY_BUDGET)):
+        for core, copy in (("_breaker_c", breaker_name), ("_budget_c", budget_name)):
             for ext in (".pyx", ".pxd"):
                 text = (src / (core + ext)).read_text(encoding="utf-8")
                 (dest / (copy + ext)).write_text(_absolute_imports(text), encoding="utf-8")
         client = CLIENT.read_text(encoding="utf-8")
         client = client.replace(
-            "from fastbreaker._breaker_c cimport", f"from {RACY_BREAKER} cimport"
+            "from fastbreaker._breaker_c cimport", f"from {breaker_name} cimport"
         )
-        client = client.replace("from fastbreaker._budget_c cimport", f"from {RACY_BUDGET} cimport")
-        assert RACY_BREAKER in client and RACY_BUDGET in client
-        (dest / (RACY_CLIENT + ".pyx")).write_text(client, encoding="utf-8")
-        racy = [("FB_RACY_FOR_TESTS", "1")]
+        client = client.replace("from fastbreaker._budget_c cimport", f"from {budget_name} cimport")
+        assert breaker_name in client and budget_name in client
+        (dest / (client_name + ".pyx")).write_text(client, encoding="utf-8")
         _compile(
             dest,
             [
-                (RACY_BREAKER, dest / (RACY_BREAKER + ".pyx"), racy),
-                (RACY_BUDGET, dest / (RACY_BUDGET + ".pyx"), racy),
-                (RACY_CLIENT, dest / (RACY_CLIENT + ".pyx"), []),
+                (breaker_name, dest / (breaker_name + ".pyx"), macros),
+                (budget_name, dest / (budget_name + ".pyx"), macros),
+                (client_name, dest / (client_name + ".pyx"), []),
             ],
         )
-        breaker_mod = _import(dest, RACY_BREAKER)
-        budget_mod = _import(dest, RACY_BUDGET)
+        breaker_mod = _import(dest, breaker_name)
+        budget_mod = _import(dest, budget_name)
         return types.SimpleNamespace(
-            client=_import(dest, RACY_CLIENT),
+            client=_import(dest, client_name),
             CircuitBreaker=breaker_mod.CircuitBreaker,
+            breaker_module=breaker_mod,
             RetryBudget=budget_mod.RetryBudget,
         )
 
@@ -159,12 +172,13 @@ _built: dict[str, object] = {}
 
 
 def cached(kind: str, tmp_path_factory: object) -> types.ModuleType:
-    """``build_client`` or ``build_racy`` once per test session (shared by the test modules)."""
+    """``build_client`` (``kind="client"``) or a copy of the core (``"racy"``, ``"striped"``)
+    once per test session (shared by the test modules)."""
     with _lock:
         if kind not in _built:
             dest = tmp_path_factory.mktemp(f"capi_{kind}")  # type: ignore[attr-defined]
             try:
-                _built[kind] = (build_client if kind == "client" else build_racy)(dest)
+                _built[kind] = build_client(dest) if kind == "client" else build_racy(dest, kind)
             except BaseException as exc:  # remember the failure: later tests fail the same way
                 _built[kind] = exc
         result = _built[kind]

@@ -275,6 +275,20 @@ def hammer_breaker(breaker, uint64_t seed, int64_t end_ns, int fail_pct, int lea
                 odd=odd, full=full, n_claims=n_claims, n_probes=n_probes, n_samples=n_samples)
 
 
+def hammer_counts(breaker, int64_t n):
+    """``n`` CLOSED admissions, each reported a success, through the C API (GIL released).
+    Returns how many were admitted."""
+    cdef fb_breaker_t *b = fb_breaker_handle(breaker)
+    cdef int64_t i, permit, admitted = 0
+    with nogil:
+        for i in range(n):
+            permit = fb_breaker_acquire_closed(b)
+            if permit >= 0:
+                admitted += 1
+                fb_breaker_release(b, permit, FB_SUCCESS, -1)
+    return admitted
+
+
 def hammer_budget(RetryBudget budget, int64_t iters, int64_t now0, int64_t step):
     """``iters`` rounds of take, take, deposit at times now0, now0 + step, ... (GIL released).
     Returns (tokens taken, take calls, deposits)."""
