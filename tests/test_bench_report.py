@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,69 @@ def test_bulkhead_section(report: dict[str, Any]) -> None:
         assert "the floor Floor().allow(); Floor().record_success()" in out
 
 
+def test_call_paths_section(report: dict[str, Any]) -> None:
+    part = report["data"]["sections"]["paths"]
+    rows = {row["key"]: row for row in part["rows"]}
+    assert {"fastbreaker_py", "floor"} <= set(rows)
+    assert ("fastbreaker" in rows) == fastbreaker.COMPILED
+    for peer, metric in (
+        ("purgatory", "with_ns"),
+        ("tenacity", "retry_ns"),
+        ("stamina", "retry_ns"),
+    ):
+        if importlib.util.find_spec(peer):
+            assert isinstance(rows[peer][metric], float), peer
+    for metric in ("with_ns", "async_dec_ns", "async_with_ns", "retry_ns", "rejected_ns"):
+        assert isinstance(rows["fastbreaker_py"][metric], float)
+        assert isinstance(rows["floor"][metric], float)
+    out = report["proc"].stdout
+    assert "call paths: ns per operation" in out
+    if fastbreaker.COMPILED:
+        assert "fastbreaker (compiled), from the call-path tables:" in out
+        assert "the floor raise E('svc', 1, 30.0), caught" in out
+
+
+def test_scaling_block(report: dict[str, Any]) -> None:
+    from fastbreaker.bench import _scaling
+
+    part = report["data"]["scaling"]
+    out = report["proc"].stdout
+    reason = _scaling.unavailable()
+    if reason is not None:
+        assert part == {"skipped": reason}
+        assert f"scaling with 2 threads: not measured: {reason}." in out
+        return
+    assert [row["key"] for row in part["rows"]] == ["per_host", "shared", "floor"]
+    for row in part["rows"]:
+        assert row["ops_per_s"]["1"] > 0 and row["ops_per_s"]["2"] > 0
+        assert row["exact"] in (True, None)
+    assert "scaling without the GIL" in out
+
+
+def test_scaling_measures_and_counts_exactly_on_any_build() -> None:
+    # the machinery runs on a GIL build too (there the 2 threads take turns): the breakers count
+    # every op of every thread, and every thread is joined
+    from fastbreaker.bench import _scaling
+
+    if not fastbreaker.COMPILED:
+        pytest.skip("the scaling rows drive the compiled core")
+    before = threading.active_count()
+    result = _scaling.measure(seconds=0.005, repeats=1)
+    assert threading.active_count() == before
+    rows = {row["key"]: row for row in result["rows"]}
+    assert rows["per_host"]["exact"] is True and rows["shared"]["exact"] is True
+    assert rows["per_host"]["target"] == 1.8 and rows["shared"]["target"] == 1.5
+    lines = _scaling.lines({"scaling": result})
+    assert len(lines) == 4 and "target >= 1.8x" in lines[1] and "target >= 1.5x" in lines[2]
+    # a miss is reported by --check-targets
+    missed = copy.deepcopy(result)
+    for row in missed["rows"]:
+        row["met"] = None if row["target"] is None else True
+    assert _scaling.missed({"scaling": missed}) == []
+    missed["rows"][1].update(x=1.2, met=False)
+    assert _scaling.missed({"scaling": missed}) == ["scaling shared 1.20x < 1.5x"]
+
+
 def _result(report: dict[str, Any], **cells: dict[str, float]) -> dict[str, Any]:
     """The fixture's run with some cells replaced: ``_result(r, floor={"allow_ns": 10.0})``."""
     data = copy.deepcopy(report["data"])
@@ -298,8 +362,8 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
         assert what in proc.stderr
     verdicts = [ln for ln in proc.stdout.splitlines() if "target <=" in ln]
     # four for the breaker, two of its rows with other options, one for the shared row, one for
-    # the bulkhead
-    assert len(verdicts) == 8
+    # the bulkhead, one for the call paths' rejection
+    assert len(verdicts) == 9
     assert sum("MISSED" in ln for ln in verdicts) == len(missed)
 
 

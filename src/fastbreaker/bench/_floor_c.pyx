@@ -11,7 +11,8 @@ cimport cython
 
 @cython.final
 cdef class Floor:
-    """An object whose ``allow()``, ``record_success()`` and ``call(f)`` do (almost) nothing."""
+    """An object whose ``allow()``, ``record_success()``, ``call(f)`` and ``with`` / ``async
+    with`` blocks do (almost) nothing."""
 
     @cython.binding(False)
     def allow(self):
@@ -24,3 +25,15 @@ cdef class Floor:
     @cython.binding(False)
     def call(self, fn, *args, **kwargs):
         return fn(*args, **kwargs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, exc, tb):
+        return None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, et, exc, tb):
+        return None

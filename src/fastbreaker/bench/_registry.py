@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import _breakers, _bulkheads
+from . import _breakers, _bulkheads, _paths
 from ._section import Section
 
 SECTIONS: list[Section] = [
     _breakers.SECTION,
     _bulkheads.SECTION,
+    _paths.SECTION,
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Mapping, Optional
 
+from . import _scaling
 from ._format import WIDTH, fmt, ratio, times
 from ._registry import SECTIONS, section_results
 from ._targets import target_lines
@@ -27,7 +28,10 @@ def tables(result: Mapping[str, Any]) -> list[Table]:
 def _lines(result: Mapping[str, Any]) -> list[str]:
     """Everything under the tables: the summaries, the notes, the targets' verdicts."""
     summary = [line for section, part in section_results(result) for line in section.summary(part)]
-    return summary + [""] + _notes(result) + target_lines(result)
+    scaling = _scaling.lines(result)
+    return (
+        summary + ([""] + scaling if scaling else []) + [""] + _notes(result) + target_lines(result)
+    )
 
 
 def format_text(result: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
+from . import _scaling
 from ._registry import SECTIONS
 from ._section import Section, System
 from ._targets import compute_targets
@@ -79,6 +80,11 @@ def run_report(
         result = _run(loop, quick, rounds, batch_ms, hosts, progress)
     finally:
         loop.close()
+    if _scaling.unavailable() is None:
+        progress("scaling: 1 and 2 threads of the benchmark's own (joined before it goes on)")
+    result["scaling"] = _scaling.section(
+        quick, tiny=bool(os.environ.get("FASTBREAKER_REPORT_TINY"))
+    )
     result["threads"] = {"before": threads_before, "after": threading.active_count()}
     result["date"] = date.isoformat(timespec="seconds")
     return result

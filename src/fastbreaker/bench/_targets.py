@@ -20,6 +20,14 @@ TARGETS = [
 # Targets of further sections, by section key: (metric, what, limit, floor). Each is a ratio to
 # the same metric of that section's ``floor`` row (named by ``floor``), timeit-style as above.
 SECTION_TARGETS = {
+    "paths": [
+        (
+            "rejected_ns",
+            "rejected call(f) raising CircuitOpenError",
+            2.0,
+            "raise E('svc', 1, 30.0), caught",
+        ),
+    ],
     "bulkheads": [
         (
             "try_release_ns",
@@ -122,8 +130,10 @@ def compute_targets(
 
 def missed_targets(result: Mapping[str, Any]) -> list[str]:
     """The targets the compiled core missed in ``result`` (``--check-targets`` fails on them)."""
+    from . import _scaling
+
     checks = result.get("targets", {}).get("checks", [])
-    return [t["what"] for t in checks if t["met"] is False]
+    return [t["what"] for t in checks if t["met"] is False] + _scaling.missed(result)
 
 
 def ratio_vs(ratio: float, limit: float) -> str:
