@@ -240,8 +240,9 @@ def test_window_memory_is_at_most_128_bytes_per_breaker():
 
 
 def test_a_dry_run_time_window_trips_on_a_failure_and_still_admits(fb, clock):
-    # The README's example: the 4th outcome is the first that can trip (min_calls=4), and only a
-    # failure can; after the trip the dry run admits what it would have rejected.
+    # The documentation's example (docs/semantics.md, "Dry run"): the 4th outcome is the first
+    # that can trip (min_calls=4), and only a failure can; after the trip the dry run admits
+    # what it would have rejected.
     b = fb.CircuitBreaker(
         window_seconds=60, min_calls=4, failure_rate=0.5, dry_run=True, clock=clock
     )

@@ -469,9 +469,36 @@ _GUARDED = ("_config", "_lock", "_state", "_label")
 class CircuitBreaker:
     """A circuit breaker: lock-free in the compiled core, this twin guards its state with a lock.
 
-    See the README for the semantics of every option. ``allow()``/``record_*()`` are the raw
-    API; ``call``, ``call_async``, the decorator and ``with``/``async with`` manage permits
-    themselves (outcomes of calls admitted before the latest transition are stale).
+    ``allow()``/``record_*()`` are the raw API; ``call``, ``call_async``, the decorator and
+    ``with``/``async with`` manage permits themselves (outcomes of calls admitted before the
+    latest transition are stale). The documentation's "Semantics" page states every rule.
+    Durations are float seconds or ``datetime.timedelta``.
+
+    Args:
+        failure_threshold: consecutive failures that trip a breaker in consecutive mode
+            (``window=0``), an int >= 1.
+        reset_timeout: the open period, in seconds, before a probe is let through.
+        window: 0 for consecutive mode, else the size of a ring of the last ``window`` outcomes
+            that trips on rates (exclusive with ``window_seconds``).
+        min_calls: outcomes a window must hold before it can trip (at most ``window``).
+        failure_rate: the failed share of a window that trips it, in (0, 1].
+        slow_call_duration: a success that took at least this long is slow (None: no timing).
+        slow_call_rate: the slow share of a window that trips it, in (0, 1].
+        half_open_max_calls: probes admitted at once in HALF_OPEN.
+        success_threshold: probe successes that close the breaker.
+        max_reset_timeout: when set, the open period doubles on each re-trip up to this.
+        probe_timeout: after this long without a probe admitted, outstanding probes count as
+            failed (default ``reset_timeout``, at least 1 s).
+        failure_on: exception types that are failures, or a predicate ``exc -> bool``.
+        ignore: exception types that are neutral (neither success nor failure).
+        name: the breaker's name, shown in errors and metrics labels.
+        clock: a zero-argument callable returning monotonic int nanoseconds (tests:
+            ``fastbreaker.testing.FakeClock``); default the C ``CLOCK_MONOTONIC``.
+        window_seconds: a time window of this many seconds (exclusive with ``window``).
+        window_buckets: the buckets of the time window (each ``window_seconds / buckets``).
+        dry_run: count and transition as usual but never reject (``would_reject`` counts).
+        record_latency: time the calls of the call paths into a latency histogram.
+        latency_buckets: the histogram's upper bounds in seconds (None: Prometheus's defaults).
     """
 
     __slots__ = (
@@ -933,7 +960,8 @@ class CircuitBreaker:
         return _calls.call_async(self, fn, args, kwargs)
 
     def __call__(self, fn: F) -> F:
-        """``@breaker``: guard a sync or async function (its signature is kept)."""
+        """``@breaker``: guard ``fn``, a sync or async function, generator or async generator
+        (its signature is kept)."""
         return _calls.decorate(self, fn)  # type: ignore[no-any-return]
 
     def __enter__(self) -> "CircuitBreaker":
@@ -989,6 +1017,7 @@ class CircuitBreaker:
 
     @property
     def name(self) -> Optional[str]:
+        """The breaker's name (a map's key as ``str``), or None."""
         label = self._label
         if is_uninitialised(label):
             raise RuntimeError(_NOT_INITIALISED)

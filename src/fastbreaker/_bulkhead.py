@@ -65,7 +65,9 @@ class BulkheadMetrics:
     ``rejected`` counts every refusal (a ``False`` from ``try_acquire()``, a full queue, a wait
     that timed out, an acquisition whose deadline had passed); ``timed_out`` and ``cancelled``
     count waits that ended so (a cancelled wait is not a refusal); ``waited`` counts admissions
-    that had to wait. At quiescence ``in_flight == 0`` and ``admitted`` equals the releases.
+    that had to wait. ``in_flight`` and ``waiting`` are the slots held and the callers waiting
+    now, ``peak_in_flight`` the most slots ever held at once. At quiescence ``in_flight == 0``
+    and ``admitted`` equals the releases.
     """
 
     admitted: int

@@ -402,7 +402,7 @@ class _Slots:
         return await _b.call_async(self, fn, args, kwargs)
 
     def __call__(self, fn: Any) -> Any:
-        """``@bulkhead``: guard a sync or async function."""
+        """``@bulkhead``: guard ``fn``, a sync or async function."""
         return _b.decorate(self, fn)
 
     def _enter_started(self) -> None:
@@ -423,6 +423,7 @@ class Bulkhead(_Slots):
     """At most ``max_concurrent`` calls at once; others wait up to ``max_wait`` seconds, in
     order of arrival, at most ``max_waiting`` of them (default ``max_concurrent``), or fail with
     ``BulkheadFullError``. ``clock`` (int ns, such as ``testing.FakeClock``) times ``.waited``.
+    ``name`` labels errors and metrics.
     """
 
     __slots__ = ("_max",)
@@ -499,6 +500,20 @@ class AdaptiveLimiter(_Slots):
     See ``_bulkhead.aimd`` and ``_limit_gradient`` for the algorithms. The call paths time each
     call with ``clock`` and report ``dropped=True`` for exceptions matching ``drop_on`` and for
     ``DeadlineExceeded``.
+
+    Args:
+        initial_limit: the limit to start from; ``floor(limit)`` calls run at once.
+        min_limit: the lowest the limit goes.
+        max_limit: the highest the limit goes.
+        algorithm: ``"aimd"`` (cut on a drop or a slow round trip, grow by ``1/limit``) or
+            ``"gradient"`` (follow ``baseline / rtt``; no threshold).
+        rtt_threshold: AIMD only: a round trip slower than this (seconds) cuts the limit.
+        backoff: AIMD only: the factor of a cut, in (0, 1).
+        max_wait: seconds a caller waits for a slot (0: refuse at once).
+        max_waiting: the most callers waiting at once (default ``initial_limit``).
+        drop_on: exception types that count as drops (default ``TimeoutError``).
+        name: labels errors and metrics.
+        clock: monotonic int nanoseconds (tests: ``fastbreaker.testing.FakeClock``).
     """
 
     __slots__ = ("_limit", "_last_cut", "_cfg", "_gradient", "_drop_on")
@@ -557,7 +572,8 @@ class AdaptiveLimiter(_Slots):
             self._limit = value
 
     def release(self, rtt: Optional[Seconds] = None, *, dropped: bool = False) -> None:
-        """Give back a slot, with the call's round trip (seconds) as a sample for the limit.
+        """Give back a slot, with the call's round trip ``rtt`` (seconds) as a sample for the
+        limit.
 
         ``dropped=True`` reports a drop (a timeout, an overload answer). With neither, the slot is
         freed and the limit is unchanged. RuntimeError (and nothing changes) if none is held.

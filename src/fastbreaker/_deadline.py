@@ -32,8 +32,9 @@ def _check_clock(clock: object) -> None:
 class Deadline:
     """A point in time on a monotonic clock, by which an operation must be done.
 
-    Build one with ``Deadline.after(seconds)``. ``clock`` (a zero-argument callable returning int
-    nanoseconds, e.g. ``fastbreaker.testing.FakeClock``) replaces ``time.monotonic_ns`` in tests.
+    Build one with ``Deadline.after(seconds)``; ``Deadline(at_ns)`` is the deadline at ``at_ns``
+    on the clock. ``clock`` (a zero-argument callable returning int nanoseconds, e.g.
+    ``fastbreaker.testing.FakeClock``) replaces ``time.monotonic_ns`` in tests.
     """
 
     __slots__ = ("_at_ns", "_clock")
@@ -47,7 +48,8 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: Seconds, *, clock: Clock | None = None) -> Deadline:
-        """The deadline ``seconds`` (>= 0, float or ``timedelta``) from now."""
+        """The deadline ``seconds`` (>= 0, float or ``timedelta``) from now on ``clock``
+        (default ``time.monotonic_ns``)."""
         delta = seconds_to_ns(seconds, "seconds")
         _check_clock(clock)
         now = (time.monotonic_ns if clock is None else clock)()
@@ -81,6 +83,7 @@ class Deadline:
         return max(0, self._at_ns - self._clock() - reserve_ns) / 1e9
 
     def remaining_ns(self) -> int:
+        """Nanoseconds left before the deadline (negative once it has passed)."""
         return self._at_ns - self._clock()
 
     def __repr__(self) -> str:

@@ -135,7 +135,22 @@ class BreakerMap:
         max_keys: Optional[int] = None,
         **options: Any,
     ) -> None:
-        """Every breaker option but ``name`` (see ``BreakerOptions``), plus the map's own."""
+        """Every breaker option but ``name`` (see ``BreakerOptions``), plus the map's own.
+
+        Args:
+            args: ``failure_threshold`` and ``reset_timeout``, as for ``CircuitBreaker``.
+            max_open_ratio: the largest share of keys that may be OPEN, HALF_OPEN or ISOLATED
+                at once: an automatic trip beyond ``max(1, floor(ratio * len(map)))`` is
+                refused (like Envoy's ``max_ejection_percent``); 1.0 refuses none.
+            max_keys: the most breakers held (None: unbounded); information-free CLOSED
+                breakers are dropped first, OPEN/HALF_OPEN/ISOLATED ones never.
+            options: every other ``CircuitBreaker`` option (``window``, ``min_calls``,
+                ``failure_rate``, ``slow_call_duration``, ``slow_call_rate``,
+                ``half_open_max_calls``, ``success_threshold``, ``max_reset_timeout``,
+                ``probe_timeout``, ``failure_on``, ``ignore``, ``window_seconds``,
+                ``window_buckets``, ``dry_run``, ``record_latency``, ``latency_buckets``,
+                ``clock``), the same for every key.
+        """
         _init(self, *args, max_open_ratio=max_open_ratio, max_keys=max_keys, **options)
         self._d = {}
         self._table = None

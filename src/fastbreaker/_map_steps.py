@@ -101,7 +101,10 @@ class MapMetrics:
     The call counters are totals over every breaker the map has held since it was created,
     dropped ones included (up to the moment they were dropped), so they only grow and can be
     exported as monotonic counters. Untracked breakers are not included. ``open_seconds_total``
-    adds up the time each breaker spent OPEN.
+    adds up the time each breaker spent OPEN. They are the sums of the breakers' ``Metrics``
+    fields of the same names: ``permitted``, ``rejected``, ``successes``, ``failures``,
+    ``slow_calls``, ``ignored``, ``stale``, ``opened``, ``would_reject``, ``probe_successes``,
+    ``probe_failures`` and ``timeouts``.
     """
 
     keys: int

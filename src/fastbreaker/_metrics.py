@@ -49,6 +49,12 @@ class Latency:
 class Metrics:
     """A point-in-time snapshot of one breaker's counters.
 
+    ``state`` is the state when the snapshot was taken. ``permitted`` counts admitted calls,
+    ``rejected`` refused ones, ``successes``, ``failures``, ``slow_calls``, ``ignored`` (neutral)
+    and ``stale`` the outcomes, ``opened`` the trips. ``consecutive_failures`` is the current run
+    of failures (consecutive mode); ``failure_rate`` and ``slow_call_rate`` the shares in the
+    window (None in consecutive mode), ``recorded`` the outcomes it holds.
+
     Counters are cumulative since the breaker was created (``reset()`` does not clear them).
     At quiescence ``permitted == successes + failures + ignored + stale`` (plus permits that
     were never reported back). A slow success counts in ``successes`` and ``slow_calls``.

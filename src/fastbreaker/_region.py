@@ -509,6 +509,7 @@ class SharedRegion:
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        """The segment's name, as given."""
         return self._name
 
     @property
@@ -650,7 +651,8 @@ class SharedRegion:
     # -- the objects (each core fills these in: see region_class) ------------------------------
     def breaker(self, name: str, /, *args: Any, **options: Any) -> "CircuitBreaker":
         """The shared ``CircuitBreaker`` ``name`` (also its name), with every CircuitBreaker
-        option but ``name`` and ``clock``; the same options in every process."""
+        option but ``name`` and ``clock`` (positional ``args`` and keyword ``options``); the same
+        options in every process."""
         return self._breaker_of(self._cores()[0], name, args, options)  # type: ignore[no-any-return]
 
     def _breaker_of(self, core: Any, name: str, args: Any, options: dict[str, Any]) -> Any:
@@ -688,7 +690,9 @@ class SharedRegion:
     ) -> "BreakerMap":
         """The shared ``BreakerMap`` ``name``: at most ``capacity`` str or bytes keys (up to 239
         bytes), one breaker each, shared by every process; every BreakerMap option but
-        ``max_keys`` and ``clock``. See ``_region_map`` for the table and its eviction."""
+        ``max_keys`` and ``clock`` (positional ``args``, keyword ``options``, and
+        ``max_open_ratio``, which holds across all processes). See ``_region_map`` for the
+        table and its eviction."""
         from ._durations import check_count, check_rate
         from ._map import map_class
         from ._map_steps import attach_table
@@ -724,7 +728,8 @@ class SharedRegion:
     def retry_budget(
         self, name: str, *, ratio: float = 0.1, capacity: float = 100.0, min_per_sec: float = 1.0
     ) -> "RetryBudget":
-        """The shared ``RetryBudget`` ``name``: one token bucket for every process."""
+        """The shared ``RetryBudget`` ``name``: one token bucket for every process, with the
+        ``RetryBudget`` options ``ratio``, ``capacity`` and ``min_per_sec``."""
         from ._options import budget_units
 
         deposit, cap, rate = budget_units(ratio, capacity, min_per_sec)  # validates

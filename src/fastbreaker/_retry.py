@@ -528,7 +528,8 @@ def retrying(
     deadline: Seconds | Deadline | None = None,
     on_retry: OnRetry | None = None,
 ) -> Retrying:
-    """The block form of ``retry`` (same options and rules)::
+    """The block form of ``retry``, with the same options and rules (``on``, ``attempts``,
+    ``base``, ``cap``, ``budget``, ``deadline``, ``on_retry``)::
 
         for attempt in fb.retrying(on=ConnectionError, attempts=3):
             with attempt:

@@ -157,6 +157,8 @@ class ShedderMetrics(NamedTuple):
 
     Each request that is not cancelled ends counted once: ``admitted`` or one of the ``shed_*``
     (a waiter is counted when the shedder decides, even if it is cancelled before it learns it).
+    Fields: ``admitted``, ``queued``, ``shed_queue_full``, ``shed_too_old``, ``shed_priority``,
+    ``shed_deadline``, ``in_flight``, ``queue_len`` and ``congested``, each described below.
     """
 
     admitted: int

@@ -19,7 +19,8 @@ class FakeClock:
     """A manual monotonic clock: call it for the time in integer nanoseconds.
 
     Pass it as ``clock=`` to a breaker, map or budget, then move time with ``advance()``.
-    Thread-safe; time never goes backwards.
+    Thread-safe; time never goes backwards. ``start_ns`` is the time it starts at, an int in
+    ``[0, 2**63 - 1]``.
     """
 
     __slots__ = ("_ns", "_lock")
@@ -33,6 +34,7 @@ class FakeClock:
         self._lock = threading.Lock()
 
     def __call__(self) -> int:
+        """The current time, in int nanoseconds."""
         return self._ns
 
     def advance(self, seconds: float | datetime.timedelta) -> int:

@@ -1,4 +1,4 @@
-"""circuitbreaker 2.1 on fastbreaker's lock-free core: replace the import and nothing else.
+"""circuitbreaker 2.1 on fastbreaker's lock-free core: replace the import and nothing else:
 
     from fastbreaker.compat.circuitbreaker import circuit
 
@@ -125,6 +125,12 @@ class CircuitBreaker:
     Subclass it and override the class attributes to change the defaults; an argument that is
     falsy (``None``, ``0``) falls back to them. See the module docstring for the bugs of
     circuitbreaker that this class fixes.
+
+    ``failure_threshold`` consecutive failures open the circuit for ``recovery_timeout``
+    seconds; ``expected_exception`` (a type, an iterable of types, or a predicate
+    ``(type, value) -> bool``) says what is a failure; ``name`` names the breaker (default: the
+    first decorated function's name); ``fallback_function`` answers, with the call's arguments,
+    the calls a decorated function refuses; ``dry_run=True`` never refuses.
     """
 
     FAILURE_THRESHOLD = 5
@@ -202,7 +208,7 @@ class CircuitBreaker:
 
     # -- decoration ----------------------------------------------------------------------------------
     def __call__(self, wrapped: Callable[..., Any]) -> Callable[..., Any]:
-        """``@breaker``: guard the decorated function (see ``decorate``)."""
+        """``@breaker``: guard ``wrapped``, the decorated function (see ``decorate``)."""
         return self.decorate(wrapped)
 
     def decorate(self, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -517,7 +523,7 @@ class CircuitBreakerMonitor:
 
     @classmethod
     def register(cls, circuit_breaker: CircuitBreaker) -> None:
-        """Register a breaker under its name (replacing one of the same name)."""
+        """Register ``circuit_breaker`` under its name (replacing one of the same name)."""
         cls.circuit_breakers[circuit_breaker.name] = circuit_breaker
 
     @classmethod
@@ -561,7 +567,12 @@ def circuit(
     *,
     dry_run: bool = False,
 ) -> Any:
-    """Decorator: ``@circuit`` or ``@circuit(failure_threshold=..., ..., cls=MyBreaker)``."""
+    """Decorator: ``@circuit`` or ``@circuit(failure_threshold=..., ..., cls=MyBreaker)``.
+
+    ``failure_threshold``, ``recovery_timeout``, ``expected_exception``, ``name``,
+    ``fallback_function`` and ``dry_run`` are ``CircuitBreaker``'s; ``cls`` is the breaker
+    class to make (a subclass with other defaults).
+    """
     if callable(failure_threshold):  # used bare: the function comes as the first argument
         return cls().decorate(failure_threshold)
     return cls(

@@ -151,7 +151,8 @@ class CircuitBreakerListener:
     def before_call(
         self, cb: CircuitBreaker, func: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> None:
-        """Called before the breaker ``cb`` calls ``func`` (only for calls it lets through)."""
+        """Called before the breaker ``cb`` calls ``func(*args, **kwargs)`` (only for calls it
+        lets through)."""
 
     def failure(self, cb: CircuitBreaker, exc: BaseException) -> None:
         """Called when a call through ``cb`` raised ``exc``, a system error (not excluded)."""
@@ -165,7 +166,8 @@ class CircuitBreakerListener:
         old_state: Optional[CircuitBreakerState],
         new_state: CircuitBreakerState,
     ) -> None:
-        """Called when ``cb`` changes state (manual transitions too, even to the same state)."""
+        """Called when ``cb`` changes state from ``old_state`` (None at creation) to
+        ``new_state`` (manual transitions too, even to the same state)."""
 
 
 class CircuitBreakerState:
@@ -320,6 +322,10 @@ class CircuitRedisStorage(CircuitBreakerStorage):
     reads then give ``fallback_circuit_state`` and zero counters, writes are lost; a missing
     state is set to ``fallback_circuit_state``. For new code, prefer
     ``fastbreaker.contrib.redis.FleetCoordinator``: local decisions, no I/O on the call path.
+
+    ``state`` is the initial state, ``redis_object`` a redis-py client, ``namespace`` a prefix
+    for the keys; ``cluster_mode=True`` (Redis Cluster) writes the state with a plain
+    compare-and-set instead of a ``WATCH`` transaction, as pybreaker does.
     """
 
     BASE_NAMESPACE = "pybreaker"
@@ -396,12 +402,15 @@ class CircuitRedisStorage(CircuitBreakerStorage):
         self._write(lambda: self._redis.incr(self._key("fail_counter")))
 
     def reset_counter(self) -> None:
+        """Set the failure counter in Redis to zero."""
         self._write(lambda: self._redis.set(self._key("fail_counter"), 0))
 
     def increment_success_counter(self) -> None:
+        """Add one to the success counter in Redis."""
         self._write(lambda: self._redis.incr(self._key("success_counter")))
 
     def reset_success_counter(self) -> None:
+        """Set the success counter in Redis to zero."""
         self._write(lambda: self._redis.set(self._key("success_counter"), 0))
 
     @property
@@ -457,6 +466,12 @@ class CircuitBreaker:
     next call is a trial, and ``success_threshold`` successful trials close it again. Exceptions
     matching ``exclude`` (types or predicates ``exc -> bool``) are not system errors and count as
     successes. See the module docstring for the few deliberate differences from pybreaker.
+
+    ``listeners`` are ``CircuitBreakerListener`` objects; ``state_storage`` is a
+    ``CircuitMemoryStorage`` (the default) or a ``CircuitRedisStorage``; ``name`` names the
+    breaker; with ``throw_new_error_on_trip`` (the default) the call whose failure opens the
+    circuit raises ``CircuitBreakerError`` (with the original error's traceback), else the
+    original error; ``dry_run=True`` counts and changes state but never refuses a call.
     """
 
     #: The core class this compatibility layer drives (tests switch it to each implementation).
@@ -721,14 +736,14 @@ class CircuitBreaker:
     def add_excluded_exceptions(
         self, *exceptions: type[BaseException] | Callable[[Any], bool]
     ) -> None:
-        """Exclude several exception types or predicates."""
+        """Exclude several ``exceptions``: exception types or predicates."""
         for exc in exceptions:
             self.add_excluded_exception(exc)
 
     def remove_excluded_exception(
         self, exception: type[BaseException] | Callable[[Any], bool]
     ) -> None:
-        """Remove an exclusion; ``ValueError`` if it is not there."""
+        """Remove the exclusion ``exception``; ``ValueError`` if it is not there."""
         with self._lock:
             excluded = list(self._excluded)
             excluded.remove(exception)
@@ -821,7 +836,9 @@ class CircuitBreaker:
         self._on_success(permit, trial)
 
     def __call__(self, *call_args: Any, **call_kwargs: bool) -> Callable[..., Any]:
-        """``@breaker`` or ``@breaker()``: guard every call of the decorated function."""
+        """``@breaker`` or ``@breaker()``: guard every call of the decorated function (passed as
+        the one of ``call_args``; ``call_kwargs`` takes pybreaker's ``__pybreaker_call_async``
+        flag, which is refused)."""
         if call_kwargs.pop("__pybreaker_call_async", False):
             raise NotImplementedError(
                 "Tornado coroutines are not supported by fastbreaker.compat.pybreaker; "
@@ -842,7 +859,8 @@ class CircuitBreaker:
         return _outer_wrapper
 
     def call_async(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Not supported: pybreaker's ``call_async`` is for Tornado coroutines."""
+        """Not supported: pybreaker's ``call_async(func, *args, **kwargs)`` is for Tornado
+        coroutines."""
         raise NotImplementedError(
             "Tornado coroutines are not supported by fastbreaker.compat.pybreaker; "
             "use fastbreaker.CircuitBreaker for asyncio"

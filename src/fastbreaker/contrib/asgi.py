@@ -53,13 +53,14 @@ MAX_DEADLINE_SECONDS = 86_400.0
 
 
 def parse_priority(value: str) -> Priority:
-    """The ``Priority`` an ``x-priority`` header names (``ValueError`` if it names none)."""
+    """The ``Priority`` that ``value``, an ``x-priority`` header, names: a name or 0..3
+    (``ValueError`` if it names none)."""
     return Priority.parse(value)
 
 
 def parse_deadline(value: str) -> float:
-    """The seconds an ``x-request-timeout`` header holds: a finite decimal number >= 0 and at
-    most ``MAX_DEADLINE_SECONDS`` (``ValueError`` otherwise)."""
+    """The seconds that ``value``, an ``x-request-timeout`` header, holds: a finite decimal
+    number >= 0 and at most ``MAX_DEADLINE_SECONDS`` (``ValueError`` otherwise)."""
     seconds = float(value.strip())
     if not (0.0 <= seconds <= MAX_DEADLINE_SECONDS):
         raise ValueError(
@@ -138,6 +139,9 @@ class LoadSheddingMiddleware:
         return prio, seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point: serve one connection (``scope``, ``receive``, ``send``); HTTP
+        requests outside the exempt paths run under the shedder, anything else goes straight
+        to the app."""
         if scope.get("type") != "http" or self._is_exempt(scope.get("path") or "/"):
             await self.app(scope, receive, send)
             return

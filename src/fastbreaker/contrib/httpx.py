@@ -100,7 +100,8 @@ _FAILURE_ERRORS = (
 
 
 def default_is_failure(outcome: Outcome) -> bool:
-    """The default classification: 5xx and 429 responses, connection errors and timeouts fail.
+    """The default classification of an ``outcome`` (a response or an exception): 5xx and 429
+    responses, connection errors and timeouts fail.
 
     Failing errors are ``httpx.TimeoutException``, ``httpx.NetworkError`` (connect, read, write,
     close), ``httpx.RemoteProtocolError`` and ``httpx.ProxyError``. Any other response is a
@@ -143,7 +144,7 @@ class Origin(NamedTuple):
 
     @classmethod
     def of(cls, url: Union[httpx.URL, str]) -> "Origin":
-        """The origin of a URL (default ports made explicit).
+        """The origin of ``url`` (an ``httpx.URL`` or a str; default ports made explicit).
 
         ``Origin.of("https://a.example/x") == ("https", "a.example", 443)``
         """
@@ -651,6 +652,8 @@ class AsyncBreakerTransport(httpx.AsyncBaseTransport):
     ``origin`` (the request's scheme, host and port). ``is_failure(outcome)``: the
     classification, by default ``default_is_failure``. ``retry``: a ``Retry`` policy, or
     ``None`` for no retries. A rejected request raises ``CircuitOpenTransportError``.
+    ``bulkhead``: as for ``BreakerTransport`` (one ``Bulkhead`` or ``AdaptiveLimiter`` for every
+    origin, or a callable ``origin -> Bulkhead``), applied outside the breaker.
 
     A current ``fastbreaker.deadline()`` (or ``Retry(deadline=...)``) bounds every request:
     httpx's timeouts are cut to the time left, and a request whose deadline has passed raises

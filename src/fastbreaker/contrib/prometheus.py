@@ -183,7 +183,7 @@ class BreakerCollector:
         return breaker
 
     def add_map(self, breakers: T, name: str) -> T:
-        """Export a ``BreakerMap`` with label ``map=name``; returns it."""
+        """Export ``breakers``, a ``BreakerMap``, with label ``map=name``; returns it."""
         if not (
             callable(getattr(breakers, "metrics", None))
             and callable(getattr(breakers, "open_keys", None))
@@ -193,14 +193,15 @@ class BreakerCollector:
         return breakers
 
     def add_budget(self, budget: T, name: str) -> T:
-        """Export a ``RetryBudget`` with label ``name``; returns it."""
+        """Export ``budget``, a ``RetryBudget``, with label ``name``; returns it."""
         if not (hasattr(budget, "tokens") and hasattr(budget, "capacity")):
             raise TypeError(f"budget must be a fastbreaker.RetryBudget, got {budget!r}")
         self._add(self._budgets, name, budget)
         return budget
 
     def add_shedder(self, shedder: T, name: Optional[str] = None) -> T:
-        """Export a ``LoadShedder`` with label ``name`` (default: its own name); returns it."""
+        """Export ``shedder``, a ``LoadShedder``, with label ``name`` (default: its own name);
+        returns it."""
         m = getattr(shedder, "metrics", None)
         if not (callable(m) and hasattr(shedder, "limit")):
             raise TypeError(f"shedder must be a fastbreaker.LoadShedder, got {shedder!r}")
@@ -212,8 +213,8 @@ class BreakerCollector:
         return shedder
 
     def add_fallback(self, fn: T, name: str) -> T:
-        """Export a function wrapped by ``fastbreaker.fallback`` or ``stale_on_error`` with label
-        ``name``; returns it."""
+        """Export ``fn``, a function wrapped by ``fastbreaker.fallback`` or ``stale_on_error``,
+        with label ``name``; returns it."""
         m = getattr(fn, "metrics", None)
         if not callable(m) or not hasattr(m(), "fallback_active_seconds"):
             raise TypeError(

@@ -142,6 +142,7 @@ class RunHandle:
 
     @property
     def running(self) -> bool:
+        """Whether the loop's thread is still running."""
         return self._thread.is_alive()
 
     def stop(self, timeout: Optional[float] = None) -> None:
@@ -337,6 +338,7 @@ class FleetCoordinator:
 
     @property
     def instance_id(self) -> str:
+        """This instance's id in the fleet (given, or ``host:pid:random``)."""
         return self._instance
 
     # -- one sync ----------------------------------------------------------------------------------
