@@ -254,8 +254,9 @@ def test_scaling_measures_and_counts_exactly_on_any_build() -> None:
     rows = {row["key"]: row for row in result["rows"]}
     assert rows["per_host"]["exact"] is True and rows["shared"]["exact"] is True
     assert rows["per_host"]["target"] == 1.8 and rows["shared"]["target"] == 1.5
-    lines = _scaling.lines({"scaling": result})
+    lines = _scaling.lines({"scaling": result, "check_targets": True})
     assert len(lines) == 4 and "target >= 1.8x" in lines[1] and "target >= 1.5x" in lines[2]
+    assert "target" not in "\n".join(_scaling.lines({"scaling": result}))
     # a miss is reported by --check-targets
     missed = copy.deepcopy(result)
     for row in missed["rows"]:

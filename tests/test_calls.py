@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import gc
 import inspect
 import threading
+import tracemalloc
 
 import pytest
 
@@ -77,6 +80,134 @@ async def test_call_async(fb, clock):
     assert await b.call_async(slow) == "x"
     assert b.state == fb.State.OPEN
     assert b.metrics().slow_calls == 1
+
+
+class _Suspends:
+    """An awaitable that suspends once (yields to whoever drives it), then returns "done"."""
+
+    def __await__(self):
+        yield "suspended"
+        return "done"
+
+
+async def _suspend_once():
+    return await _Suspends()
+
+
+async def _decorated_module_level():
+    return 7
+
+
+def test_call_async_is_driven_like_a_coroutine(fb, clock):
+    # Driven by hand: nothing is admitted before the first send; a value sent in reaches the
+    # awaited call; throw() and close() reach it too; each outcome is recorded exactly once,
+    # and a call dropped while suspended gives its permit back (neutral), as a coroutine does.
+    b = fb.CircuitBreaker(failure_threshold=1, clock=clock, half_open_max_calls=1)
+    aw = b.call_async(_suspend_once)
+    assert b.metrics().permitted == 0
+    assert aw.send(None) == "suspended"
+    assert b.metrics().permitted == 1
+    with pytest.raises(StopIteration) as done:
+        aw.send(None)
+    assert done.value.value == "done"
+    assert b.metrics().successes == 1
+
+    aw = b.call_async(_suspend_once)
+    aw.send(None)
+    aw.close()  # GeneratorExit: neutral
+    assert b.metrics().ignored == 1
+
+    aw = b.call_async(_suspend_once)
+    aw.send(None)
+    del aw  # dropped while suspended: finalized (closed), the permit released
+    gc.collect()
+    assert b.metrics().ignored == 2
+    m = b.metrics()
+    assert m.permitted == m.successes + m.failures + m.ignored + m.stale  # nothing in flight
+
+    aw = b.call_async(_suspend_once)
+    aw.send(None)
+    with pytest.raises(ConnectionError):
+        aw.throw(ConnectionError("down"))
+    assert (b.metrics().failures, b.state) == (1, fb.State.OPEN)
+    with pytest.raises(fb.CircuitOpenError):
+        b.call_async(_suspend_once).send(None)
+    # never driven: nothing admitted, nothing recorded
+    b.reset()
+    before = b.metrics().permitted
+    b.call_async(_suspend_once).close()
+    assert b.metrics().permitted == before
+
+
+async def test_call_async_runs_as_a_task_and_is_cancelled_neutrally(fb, clock):
+    b = fb.CircuitBreaker(clock=clock)
+
+    async def quick():
+        return 3
+
+    assert await asyncio.create_task(b.call_async(quick)) == 3
+    gate = asyncio.Event()
+
+    async def waits():
+        await gate.wait()
+
+    task = asyncio.ensure_future(b.call_async(waits))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    m = b.metrics()
+    assert (m.successes, m.ignored, m.failures) == (1, 1, 0)
+
+
+async def test_async_decorator_is_a_coroutine_function_and_binds_as_a_method(fb, clock):
+    b = fb.CircuitBreaker(clock=clock)
+
+    class Client:
+        @b
+        async def get(self, path, *, retries=1):
+            """Fetch a path."""
+            return f"{path}:{retries}"
+
+    client = Client()
+    assert inspect.iscoroutinefunction(Client.get) and inspect.iscoroutinefunction(client.get)
+    assert asyncio.iscoroutinefunction(client.get)
+    assert str(inspect.signature(client.get)) == "(path, *, retries=1)"
+    assert Client.get.__name__ == "get" and Client.get.__doc__ == "Fetch a path."
+    assert Client.get.__qualname__.endswith("Client.get")
+    assert await client.get("/a", retries=2) == "/a:2"
+    assert b.metrics().successes == 1
+    guarded = b(_decorated_module_level)
+    assert copy.copy(guarded) is guarded or inspect.iscoroutinefunction(copy.copy(guarded))
+    assert await guarded() == 7
+
+
+async def test_long_running_async_calls_keep_no_memory(fb, clock):
+    b = fb.CircuitBreaker(clock=clock)
+
+    async def af():
+        return 1
+
+    guarded = b(af)
+
+    async def calls(n):
+        for _ in range(n):
+            await b.call_async(af)
+            await guarded()
+
+    await calls(1000)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await calls(20_000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000, f"{grown} bytes kept by 40,000 guarded async calls"
+    m = b.metrics()
+    assert m.successes == m.permitted == 42_000
 
 
 def test_with_block_records_outcomes(fb, clock):

@@ -973,6 +973,208 @@ cdef extern from *:
 fb_ready_init()
 
 
+# `await breaker.call_async(fn, ...)`: a compiled awaitable in place of _calls.call_async's
+# coroutine, with the same steps at the same moments. Nothing happens until it is first
+# driven; then it admits the call (CircuitOpenError if rejected), calls fn and drives what fn
+# returned, passing on every value sent or exception thrown, and records the outcome exactly
+# once: when fn's awaitable returns, raises, is closed (GeneratorExit: neutral) or is dropped
+# while suspended (closed by the finalizer, as a suspended coroutine is). It is a Coroutine
+# (collections.abc): send, throw, close, __await__, so asyncio.create_task() takes it. When a
+# coroutine awaits it, CPython drives it through its am_send slot (gc_am_send) where the
+# interpreter uses that slot (3.10, 3.11): no StopIteration is made for its result.
+cdef extern from "Python.h":
+    int PyIter_Send(PyObject *iter, PyObject *arg, PyObject **presult)
+    bint PyCoro_CheckExact(object o)
+
+cdef extern from *:
+    """
+    static void fb_set_am_send(PyObject *type, void *fn) {
+        PyTypeObject *tp = (PyTypeObject *)type;
+        if (tp->tp_as_async != NULL) tp->tp_as_async->am_send = (sendfunc)fn;
+    }
+    """
+    void fb_set_am_send(object type, void *fn)
+
+cdef enum:
+    GC_NEW = 0
+    GC_RUNNING = 1
+    GC_DONE = 2
+
+
+@cython.final
+cdef class GuardedCall:
+    """What the compiled ``breaker.call_async(fn, ...)`` returns: await it (internal)."""
+
+    cdef CircuitBreaker breaker
+    cdef object fn, args, kwargs, inner
+    cdef int64_t permit, start
+    cdef int state
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef int returned = 0
+        result = gc_advance(self, None, &returned)
+        if returned:
+            raise StopIteration(result)
+        return result
+
+    def send(self, value):
+        """Send ``value`` into the awaited call (as ``coroutine.send``)."""
+        cdef int returned = 0
+        result = gc_advance(self, value, &returned)
+        if returned:
+            raise StopIteration(result)
+        return result
+
+    def throw(self, typ, val=None, tb=None):
+        """Raise an exception into the awaited call (as ``coroutine.throw``)."""
+        cdef int returned = 0
+        result = gc_throw(self, typ, val, tb, &returned)
+        if returned:
+            raise StopIteration(result)
+        return result
+
+    def close(self):
+        """Close the awaited call; a call in flight is recorded as neutral (GeneratorExit)."""
+        gc_close(self)
+
+    def __del__(self):
+        if self.state == GC_RUNNING:
+            gc_close(self)
+
+
+cdef object gc_start(GuardedCall g):
+    """Admit the call and call fn: its awaitable becomes g.inner (_calls.call_async's steps)."""
+    cdef CircuitBreaker b = g.breaker
+    cdef int64_t permit, start = 0
+    fn, args, kwargs = g.fn, g.args, g.kwargs
+    g.state = GC_DONE  # until admitted: an error on the way leaves nothing to release
+    g.fn = g.args = g.kwargs = None
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {fn!r}")
+    permit = acquire_or_reject(b)
+    if permit < 0:
+        raise open_error(b)
+    if cfg_of(&b.st).timed:
+        start = _calls.start_or_release(b, permit)
+    try:
+        aw = fn(*args, **kwargs)
+        inner = aw if PyCoro_CheckExact(aw) else _calls.awaiting(aw)
+    except BaseException as exc:
+        _calls.finish_raised(b, permit, start, exc)
+        raise
+    g.permit = permit
+    g.start = start
+    g.inner = inner
+    g.state = GC_RUNNING
+
+
+cdef object gc_returned(GuardedCall g, result):
+    """fn's awaitable returned ``result``: record the success."""
+    cdef CircuitBreaker b = g.breaker
+    g.state = GC_DONE
+    g.inner = None
+    if cfg_of(&b.st).timed:
+        _calls.finish_returned(b, g.permit, g.start)
+    else:
+        finish(b, g.permit, FB_SUCCESS)
+    return result
+
+
+cdef object gc_raised(GuardedCall g, exc):
+    """fn's awaitable raised ``exc``: record its outcome (the caller re-raises it)."""
+    cdef CircuitBreaker b = g.breaker
+    g.state = GC_DONE
+    g.inner = None
+    if cfg_of(&b.st).timed:
+        _calls.finish_raised(b, g.permit, g.start, exc)
+    else:
+        finish(b, g.permit, (<Config>cfg_of(&b.st).owner).options.classify(exc))
+
+
+cdef object gc_advance(GuardedCall g, value, int *returned):
+    """One step: what fn's awaitable yields, or (``returned`` set) what it returned."""
+    cdef PyObject *out = NULL
+    cdef int r
+    if g.state == GC_NEW:
+        if value is not None:
+            raise TypeError("can't send non-None value to a just-started coroutine")
+        gc_start(g)
+    elif g.state == GC_DONE:
+        raise RuntimeError("cannot reuse already awaited coroutine")
+    inner = g.inner
+    try:
+        r = PyIter_Send(<PyObject *>inner, <PyObject *>value, &out)
+        if r == -1:
+            raise_current()
+    except BaseException as exc:
+        gc_raised(g, exc)
+        raise
+    result = <object>out
+    Py_DECREF(result)  # <object> took its own reference
+    if r == 1:  # PYGEN_NEXT: fn's awaitable is suspended
+        return result
+    returned[0] = 1
+    return gc_returned(g, result)
+
+
+cdef object gc_throw(GuardedCall g, typ, val, tb, int *returned):
+    if g.state != GC_RUNNING:
+        # not started or finished: as a coroutine, it raises the exception it is given
+        g.state = GC_DONE
+        g.fn = g.args = g.kwargs = None
+        return _calls.throw_into(None, typ, val, tb)
+    inner = g.inner
+    try:
+        result = _calls.throw_into(inner, typ, val, tb)
+    except StopIteration as stop:
+        returned[0] = 1
+        return gc_returned(g, stop.value)
+    except BaseException as exc:
+        gc_raised(g, exc)
+        raise
+    return result
+
+
+cdef object gc_close(GuardedCall g):
+    if g.state != GC_RUNNING:
+        g.state = GC_DONE
+        g.fn = g.args = g.kwargs = None
+        return
+    inner = g.inner
+    try:
+        inner.close()
+    except BaseException as exc:
+        gc_raised(g, exc)
+        raise
+    gc_raised(g, GeneratorExit())
+
+
+cdef int raise_current() except -1:
+    """PyIter_Send returned an error: let Cython raise the exception it set."""
+    return -1
+
+
+cdef int gc_am_send(PyObject *self, PyObject *arg, PyObject **presult) except -1:
+    """The am_send slot: 1 (PYGEN_NEXT) with the value yielded, 0 (PYGEN_RETURN) with the
+    result, or -1 (PYGEN_ERROR) with the exception set."""
+    cdef int returned = 0
+    result = gc_advance(<GuardedCall>self, <object>arg, &returned)
+    Py_INCREF(result)
+    presult[0] = <PyObject *>result
+    return 0 if returned else 1
+
+
+fb_set_am_send(GuardedCall, <void *>gc_am_send)
+import collections.abc as _abc
+_abc.Coroutine.register(GuardedCall)
+
+
 # `with breaker:` bookkeeping (the compiled counterpart of _calls' Block stacks; same
 # observable rules). Each context (thread or asyncio task) that enters a block gets one
 # WithStack, found through a ContextVar and owned by the context that made it: a child task
@@ -1456,15 +1658,25 @@ cdef class CircuitBreaker:
 
     def call_async(self, fn, /, *args, **kwargs):
         """Await ``fn(*args, **kwargs)`` through the breaker."""
-        return _calls.call_async(self, fn, args, kwargs)
+        cdef GuardedCall g = GuardedCall.__new__(GuardedCall)
+        g.breaker = self
+        g.fn = fn
+        g.args = args
+        g.kwargs = kwargs
+        return g
 
     def __call__(self, fn):
         """``@breaker``: guard a sync or async function, generator or async generator (its
         signature is kept)."""
         live(self)
-        if not callable(fn) or _calls_kind(fn) != "sync":
+        if not callable(fn):
             return _calls.decorate(self, fn)
-        return guard(self, fn)
+        how = _calls_kind(fn)
+        if how == "sync":
+            return guard(self, fn)
+        if how == "async":
+            return guard_async(self, fn)
+        return _calls.decorate(self, fn)
 
     # The permit of each `with` block lives on this context's WithStack (see push_block).
     def __enter__(self):
@@ -1869,6 +2081,60 @@ cdef object guarded_run(CircuitBreaker self, int64_t permit, fn, PyObject **argv
     return result
 
 
+@cython.final
+cdef class GuardedFunction:
+    """``@breaker`` on a coroutine function, compiled: a call returns the awaitable of
+    ``breaker.call_async(fn, *args, **kwargs)``, so no coroutine frame of its own runs. It
+    passes for the coroutine function it wraps: ``functools.update_wrapper`` metadata, the
+    wrapped function's ``__code__`` (``inspect.iscoroutinefunction`` and
+    ``asyncio.iscoroutinefunction`` hold, and ``inspect.signature`` is the wrapped one's), it
+    binds as a method, and it pickles and copies by reference, as a function does."""
+
+    cdef CircuitBreaker breaker
+    cdef object fn
+    cdef dict __dict__
+    cdef object __weakref__
+
+    def __call__(self, *args, **kwargs):
+        cdef GuardedCall g = GuardedCall.__new__(GuardedCall)
+        g.breaker = self.breaker
+        g.fn = self.fn
+        g.args = args
+        g.kwargs = kwargs
+        return g
+
+    def __get__(self, obj, objtype):
+        if obj is None:
+            return self
+        return _MethodType(self, obj)
+
+    def __repr__(self):
+        return f"<guarded coroutine function {getattr(self, '__qualname__', self.fn)!r}>"
+
+    def __reduce__(self):
+        return self.__qualname__
+
+
+cdef object guard_async(CircuitBreaker breaker, fn):
+    """The compiled wrapper behind ``@breaker`` on a coroutine function (GuardedFunction)."""
+    cdef GuardedFunction g = GuardedFunction.__new__(GuardedFunction)
+    g.breaker = breaker
+    g.fn = fn
+    target = _calls._call_target(fn)
+    wrapper = <object>g
+    wrapper.__code__ = getattr(target, "__code__", None)
+    wrapper.__defaults__ = getattr(target, "__defaults__", None)
+    wrapper.__kwdefaults__ = getattr(target, "__kwdefaults__", None)
+    # what a callable object lacks (update_wrapper copies only what fn has), as for a function
+    wrapper.__name__ = getattr(target, "__name__", "guarded")
+    wrapper.__qualname__ = getattr(target, "__qualname__", wrapper.__name__)
+    wrapper.__annotations__ = {}
+    _update_wrapper(wrapper, fn)
+    if _markcoroutinefunction is not None:
+        _markcoroutinefunction(g)
+    return g
+
+
 cdef object guard(CircuitBreaker breaker, fn):
     """The compiled wrapper behind ``@breaker`` on a sync function."""
     def guarded(*args, **kwargs):
@@ -2009,5 +2275,7 @@ cdef PyObject *call_fastcall(PyObject *self, PyObject **args, Py_ssize_t nargs,
 
 fb_install_fastcall(<PyObject *>CircuitBreaker, <fb_fastcall_kw_t>call_fastcall)
 from functools import update_wrapper as _update_wrapper
+from types import MethodType as _MethodType
+_markcoroutinefunction = getattr(_inspect, "markcoroutinefunction", None)  # 3.12+
 from bisect import bisect_left as _bisect_left
 _calls_kind = _calls.kind

@@ -125,6 +125,28 @@ async def call_async(
     return result
 
 
+async def awaiting(aw: Any) -> Any:
+    """A coroutine that awaits ``aw`` (any awaitable): what the compiled core's ``call_async``
+    drives when ``fn`` returns something other than a coroutine."""
+    return await aw
+
+
+def throw_into(target: Any, typ: Any, val: Any = None, tb: Any = None) -> Any:
+    """``target.throw(typ, val, tb)`` as a coroutine's ``throw`` passes it on (only the
+    arguments given); with no target (or one without ``throw``), raise the exception."""
+    thrower = getattr(target, "throw", None)
+    if thrower is not None:
+        if tb is not None:
+            return thrower(typ, val, tb)
+        if val is not None:
+            return thrower(typ, val)
+        return thrower(typ)
+    if isinstance(typ, BaseException):
+        raise typ.with_traceback(tb) if tb is not None else typ
+    exc = val if isinstance(val, BaseException) else (typ() if val is None else typ(val))
+    raise exc.with_traceback(tb) if tb is not None else exc
+
+
 def _call_target(fn: Any) -> Any:
     """What ``fn(...)`` runs: ``fn`` itself, or ``fn.__call__`` for a callable instance."""
     if inspect.isroutine(fn) or inspect.isclass(fn) or isinstance(fn, functools.partial):
@@ -205,10 +227,11 @@ def decorate(breaker: Any, fn: Any) -> Any:
         raise TypeError(f"@breaker needs a callable, got {fn!r}")
     how = kind(fn)
     if how == "async":
+        call_async_of = breaker.call_async  # the compiled core's is an awaitable, no coroutine
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await call_async(breaker, fn, args, kwargs)
+            return await call_async_of(fn, *args, **kwargs)
 
         return async_wrapper
     if how == "gen":

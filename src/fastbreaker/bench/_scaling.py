@@ -195,7 +195,7 @@ def section(quick: bool, tiny: bool) -> dict[str, Any]:
 
 
 def lines(result: Mapping[str, Any]) -> list[str]:
-    """The scaling block under the tables."""
+    """The scaling block under the tables (the targets' verdicts with ``--check-targets``)."""
     part = result.get("scaling")
     if not part:
         return []
@@ -212,7 +212,7 @@ def lines(result: Mapping[str, Any]) -> list[str]:
             f"  {row['label']}: {rate['1'] / 1e6:.2f}M ops/s with 1 thread, "
             f"{rate['2'] / 1e6:.2f}M with 2 = {row['x']:.2f}x"
         )
-        if row["target"] is not None:
+        if row["target"] is not None and result.get("check_targets"):
             text += f" (target >= {row['target']:g}x: {'met' if row['met'] else 'MISSED'})"
         if row["exact"] is not None:
             text += "; metrics() exact" if row["exact"] else "; metrics() NOT EXACT"
