@@ -17,12 +17,14 @@ Groups:
 * ``breaker.call``: ``call(f)`` next to ``f()`` alone, the floor's ``call(f)`` and each peer on
   its success path (pybreaker, circuitbreaker, aiobreaker, purgatory through their documented API).
 * ``breaker.open``: rejection while OPEN: ``allow()`` returning False, ``call(f)`` raising
-  CircuitOpenError, and each peer's rejection (raising its own error, caught).
-* ``breaker.with``: ``with breaker:`` around nothing, next to ``nullcontext()`` and the peers'
-  context managers.
+  CircuitOpenError, and each peer's rejection (raising its own error, caught), next to raising
+  and catching a plain three-argument exception (the floor of a rejection).
+* ``breaker.with``: ``with breaker:`` around nothing, next to ``nullcontext()``, the floor's
+  empty ``__enter__``/``__exit__`` and the peers' context managers.
 * ``breaker.decorator``: a decorated ``f()``, next to ``f()`` and the peers' decorators.
 * ``breaker.async``: ``await`` paths (``call_async``, ``async with``, decorated coroutine
-  functions), next to ``await af()`` and the asyncio peers; coroutines are driven with
+  functions), next to ``await af()``, the floor's (empty ``async with``, a compiled wrapper
+  returning ``af()``) and the asyncio peers; coroutines are driven with
   ``send(None)`` (the ``drive`` fixture), without an event loop.
 """
 
@@ -220,6 +222,21 @@ def test_open_call(benchmark: Any, fb: types.SimpleNamespace) -> None:
 
 
 @pytest.mark.benchmark(group="breaker.open")
+def test_open_baseline_raise(benchmark: Any) -> None:
+    # the floor of a rejection: a three-argument Exception subclass raised and caught in Python
+    class E(Exception):
+        pass
+
+    def run() -> bool:
+        try:
+            raise E("svc", 1, 30.0)
+        except E:
+            return True
+
+    assert benchmark(run) is True
+
+
+@pytest.mark.benchmark(group="breaker.open")
 def test_open_pybreaker(benchmark: Any) -> None:
     pybreaker = pytest.importorskip("pybreaker")
     cb = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=OPEN_SECONDS)
@@ -289,6 +306,16 @@ def test_with(benchmark: Any, fb: types.SimpleNamespace) -> None:
 
     benchmark(run)
     assert cb.metrics().successes > 0
+
+
+@pytest.mark.benchmark(group="breaker.with")
+def test_with_floor(benchmark: Any, floor: Any) -> None:
+    # empty __enter__/__exit__ on a Cython object: what the interpreter charges any `with`
+    def run() -> None:
+        with floor:
+            pass
+
+    benchmark(run)
 
 
 @pytest.mark.benchmark(group="breaker.with")
@@ -386,6 +413,25 @@ def test_async_decorator(benchmark: Any, fb: types.SimpleNamespace, drive: Drive
 
     async def run() -> Any:
         return await guarded()
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_with_floor(benchmark: Any, floor: Any, drive: Drive) -> None:
+    # empty __aenter__/__aexit__ coroutines on a Cython object
+    async def run() -> int:
+        async with floor:
+            return await af()
+
+    assert benchmark(drive, run) == 1
+
+
+@pytest.mark.benchmark(group="breaker.async")
+def test_async_decorator_floor(benchmark: Any, floor: Any, drive: Drive) -> None:
+    # a compiled wrapper that returns af()'s coroutine: Floor().call(af)
+    async def run() -> Any:
+        return await floor.call(af)
 
     assert benchmark(drive, run) == 1
 
