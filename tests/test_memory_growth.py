@@ -216,3 +216,55 @@ async def test_async_httpx_transport_keeps_memory_flat(fb, clock) -> None:
             3_000,
             per_step=8.0,
         )
+
+
+# -- shared memory (SharedRegion) -----------------------------------------------------------------
+def test_shared_objects_keep_memory_flat(fb, tmp_path) -> None:
+    # Every long-running path of the shared objects: calls and trips of a shared breaker, a
+    # shared map whose keys keep changing (evictions, rebinding to new slots), a budget that
+    # deposits and withdraws, a bulkhead taken and released. Each step leaves nothing behind in
+    # the process: the state is the region's, fixed in size.
+    import uuid
+
+    name = "fbm-" + uuid.uuid4().hex[:12]
+    clock = fb.testing.FakeClock()
+    region = fb.SharedRegion(name, size=1 << 20, clock=clock)
+    try:
+        b = region.breaker("up", failure_threshold=3, reset_timeout=1.0)
+        m = region.breaker_map("hosts", capacity=64, failure_threshold=2, reset_timeout=1.0)
+        budget = region.retry_budget("rb", ratio=0.5, capacity=10)
+        bh = region.bulkhead("bh", 4)
+        keys = [f"host-{i}" for i in range(256)]  # 4x the capacity: the map evicts all along
+        n = [0]
+
+        def boom() -> None:
+            raise ConnectionError
+
+        def step() -> None:
+            i = n[0] = n[0] + 1
+            b.call(len, "x")
+            if i % 50 == 0:  # trip, wait out the open period, recover through a probe
+                for _ in range(3):
+                    try:
+                        b.call(boom)
+                    except ConnectionError:
+                        pass
+                clock.advance(1.5)
+                b.call(len, "x")
+            key = keys[i % len(keys)]
+            m.call(key, len, key)
+            m.allow(key)
+            m.record_success(key)
+            budget.record_success()
+            budget.allow_retry()
+            if bh.try_acquire():
+                bh.release()
+
+        assert_flat(step, 300, 3_000)
+        assert b.metrics().opened > 30
+        assert len(m) <= 64
+        mm = b.metrics()
+        assert mm.permitted == mm.successes + mm.failures + mm.ignored + mm.stale
+    finally:
+        region.close()
+        region.unlink()
