@@ -146,13 +146,14 @@ async def test_call_async_runs_as_a_task_and_is_cancelled_neutrally(fb, clock):
         return 3
 
     assert await asyncio.create_task(b.call_async(quick)) == 3
-    gate = asyncio.Event()
+    gate, started = asyncio.Event(), asyncio.Event()
 
     async def waits():
+        started.set()
         await gate.wait()
 
     task = asyncio.ensure_future(b.call_async(waits))
-    await asyncio.sleep(0)
+    await started.wait()  # the call is admitted and suspended inside the breaker
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -88,36 +88,25 @@ def _make(case: str) -> tuple[Callable[[int], Work], Callable[[], tuple[int, int
     if case == "shared":
         cb = _breaker_c.CircuitBreaker(reset_timeout=3600)
 
-        def make_shared_work(i: int) -> Work:
-            allow, record = cb.allow, cb.record_success
-            ops = [None] * BATCH
-
-            def work() -> None:
-                for _ in ops:
-                    allow()
-                    record()
-
-            return work
-
         def shared_counted() -> tuple[int, int]:
             mm = cb.metrics()
             return mm.permitted, mm.successes
 
-        return make_shared_work, shared_counted
+        return lambda i: _pairs(cb), shared_counted
+    return lambda i: _pairs(Floor()), lambda: (-1, -1)
 
-    def make_floor_work(i: int) -> Work:
-        fl = Floor()
-        allow, record = fl.allow, fl.record_success
-        ops = [None] * BATCH
 
-        def work() -> None:
-            for _ in ops:
-                allow()
-                record()
+def _pairs(obj: Any) -> Work:
+    """A batch of BATCH ``obj.allow(); obj.record_success()``, the methods bound once."""
+    allow, record = obj.allow, obj.record_success
+    ops = [None] * BATCH
 
-        return work
+    def work() -> None:
+        for _ in ops:
+            allow()
+            record()
 
-    return make_floor_work, lambda: (-1, -1)
+    return work
 
 
 def _run(case: str, threads: int, seconds: float) -> tuple[float, bool]:
