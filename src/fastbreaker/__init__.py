@@ -16,6 +16,7 @@ from ._errors import (
     CircuitOpenError,
     DeadlineExceeded,
     LoadShedError,
+    SharedStateTimeout,
     State,
 )
 from ._select import COMPILED
@@ -75,6 +76,7 @@ __all__ = [
     "RetryBudget",
     "ShedderMetrics",
     "SharedRegion",
+    "SharedStateTimeout",
     "State",
     "current_deadline",
     "current_priority",

@@ -18,7 +18,7 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.math cimport INFINITY
 from libc.string cimport memset
 
-from ._errors import CircuitOpenError, State, label_name
+from ._errors import CircuitOpenError, SharedStateTimeout, State, label_name
 from ._metrics import Latency, Metrics
 from fractions import Fraction
 
@@ -55,8 +55,9 @@ cdef extern from "_fb_atomic.h" nogil:
     void fb_store_ptr(void **p, void *v)
 
 cdef extern from "_fb_process.h" nogil:
-    int64_t fb_getpid()
-    bint fb_process_gone(int64_t pid)
+    int64_t fb_owner_self()
+    bint fb_owner_gone(int64_t owner)
+    void fb_pause(int64_t ns)
     void fb_stall(int fd)
 
 cdef extern from "_fb_breaker.h" nogil:
@@ -227,19 +228,32 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
 
 # -- claims of a shared breaker (SharedRegion) ------------------------------------------------------
 # A process can be killed while it holds the busy bit. So a shared breaker's claimer records the
-# busy word it claimed, its pid and the time right after its claiming CAS (fb_claim_t, after the
-# state block), and a process that finds the word busy may take the claim over: when the
-# recorded owner no longer exists and the claim is CLAIM_DEAD_NS old, or when no owner was ever
-# recorded (the claimer died between its CAS and the record) and it is CLAIM_UNKNOWN_NS old. The
-# first process to see a claim without its record starts that clock by writing one. Taking over
-# rolls the transition back: one CAS puts back the word from before the claim. What the dead
-# claimer wrote before publishing is harmless there: a trip or probe time (the state it would
-# have left keeps its own), a window cleared early, gen_hi one ahead (its permits go stale), and
-# an episode counted in `opened`. A live owner is never taken over, however long it holds on.
+# busy word it claimed, its owner word (pid and start time, _fb_process.h) and the time right
+# after its claiming CAS (fb_claim_t, after the state block), and a process that finds the word
+# busy may take the claim over: when the recorded owner no longer exists (or its pid was given to
+# a process that started at another time) and the claim is CLAIM_DEAD_NS old, or when no owner
+# was ever recorded (the claimer died between its CAS and the record) and it is CLAIM_UNKNOWN_NS
+# old. The first process to see a claim without its record starts that clock by writing one.
+# Taking over rolls the transition back: one CAS puts back the word from before the claim. What
+# the dead claimer wrote before publishing is harmless there: a trip or probe time (the state it
+# would have left keeps its own), a window cleared early, gen_hi one ahead (its permits go
+# stale), and an episode counted in `opened`. A live owner is never taken over, however long it
+# holds on; but a claim held CLAIM_STALL_NS or more by a live owner (a process stopped with
+# SIGSTOP, or descheduled for that long) is stalled, and nobody waits for it: an admission goes
+# on with the state published before the claim (CLOSED admits; outcomes of that generation are
+# stale once the claimer publishes), a manual transition gives up (SharedStateTimeout) and a
+# fleet apply waits for the next sync.
 cdef int64_t CLAIM_DEAD_NS = 10_000_000        # 10 ms
 cdef int64_t CLAIM_UNKNOWN_NS = 1_000_000_000  # 1 s
+cdef int64_t CLAIM_STALL_NS = 100_000_000      # 100 ms (docs/shared-memory.md)
 
-cdef int64_t fb_pid = 0            # this process (refreshed after a fork)
+cdef enum:
+    CLAIM_HELD = 0         # held, for less than the bounds
+    CLAIM_ROLLED_BACK = 1  # taken over from a dead owner
+    CLAIM_STALLED = 2      # held by a live owner for CLAIM_STALL_NS or more
+    MANUAL_STALLED = -1    # manual(): the claim of another process is stalled
+
+cdef int64_t fb_owner = 0          # this process (refreshed after a fork)
 cdef int64_t fb_claim_shift = 0    # tests: added to the claim clock (an injected clock)
 cdef int fb_stall_fd = -1          # tests: stall inside the next claimed transition
 
@@ -259,28 +273,30 @@ cdef inline bint claim_cas(core_t *b, int64_t *w) noexcept nogil:
         return False
     if is_shared(b):
         rec = claim_of(b)
-        fb_store_rlx(&rec.pid, fb_pid)
+        fb_store_rlx(&rec.pid, fb_owner)
         fb_store_rlx(&rec.ns, claim_now())
         fb_store_rel(&rec.word, w[0] | BUSY)
     return True
 
-cdef bint take_over(core_t *b, int64_t w) noexcept nogil:
-    """For a reader of a shared breaker that found `w` busy: whether it rolled the claim back."""
+cdef int take_over(core_t *b, int64_t w) noexcept nogil:
+    """For a reader of a shared breaker that found `w` busy: CLAIM_ROLLED_BACK if it rolled
+    the claim back, CLAIM_STALLED if a live owner holds it too long, else CLAIM_HELD."""
     cdef claim_t *rec = claim_of(b)
-    cdef int64_t now = claim_now(), age, pid
+    cdef int64_t now = claim_now(), age, owner
     if fb_load_acq(&rec.word) != w:
         fb_store_rlx(&rec.pid, 0)
         fb_store_rlx(&rec.ns, now)
         fb_store_rel(&rec.word, w)
-        return False
+        return CLAIM_HELD
     age = now - fb_load_rlx(&rec.ns)
-    pid = fb_load_rlx(&rec.pid)
-    if pid != 0:
-        if age < CLAIM_DEAD_NS or not fb_process_gone(pid):
-            return False
-    elif age < CLAIM_UNKNOWN_NS:
-        return False
-    return fb_cas_strong(&b.s.word, &w, w & ~(<int64_t>BUSY))
+    owner = fb_load_rlx(&rec.pid)
+    if age < CLAIM_DEAD_NS or (owner == 0 and age < CLAIM_UNKNOWN_NS):
+        return CLAIM_STALLED if age >= CLAIM_STALL_NS else CLAIM_HELD
+    if owner != 0 and not fb_owner_gone(owner):
+        return CLAIM_STALLED if age >= CLAIM_STALL_NS else CLAIM_HELD
+    if fb_cas_strong(&b.s.word, &w, w & ~(<int64_t>BUSY)):
+        return CLAIM_ROLLED_BACK
+    return CLAIM_HELD
 
 def _test_striped(CircuitBreaker breaker):
     """Test hook: whether ``breaker`` counts in stripes (free-threaded builds, _fb_stripe.h)."""
@@ -299,8 +315,8 @@ def _test_claim_clock_shift(int64_t ns):
     fb_claim_shift = ns
 
 def _refresh_pid():
-    global fb_pid
-    fb_pid = fb_getpid()
+    global fb_owner
+    fb_owner = fb_owner_self()
 
 _refresh_pid()
 _os.register_at_fork(after_in_child=_refresh_pid)
@@ -345,17 +361,26 @@ cdef int64_t transition(core_t *b, int64_t w, int new, int64_t now, int64_t infl
     return (hi << GEN_BITS) | gen
 
 
-# Claim the word for a manual transition (spins only while another claim is in progress).
-cdef inline int64_t claim(core_t *b) noexcept nogil:
-    cdef int64_t w = fb_load_acq(&b.s.word)
+# Claim the word for a manual transition into `out`; waits only while another claim is in
+# progress, and, on a shared breaker, gives the CPU away while it waits and gives up (False) when
+# a live process holds its claim for CLAIM_STALL_NS (call it without the GIL).
+cdef inline bint claim(core_t *b, int64_t *out) noexcept nogil:
+    cdef int64_t w = fb_load_acq(&b.s.word), pause = 1000
+    cdef int spins = 0
     while True:
         if w & BUSY:
             if is_shared(b):
-                take_over(b, w)
+                if take_over(b, w) == CLAIM_STALLED:
+                    return False
+                spins += 1
+                if spins > 100:
+                    fb_pause(pause)
+                    pause = pause * 2 if pause < 1_000_000 else 1_000_000
             w = fb_load_acq(&b.s.word)
             continue
         if claim_cas(b, &w):
-            return w
+            out[0] = w
+            return True
 
 cdef inline void clear_window(core_t *b, int64_t new_gen) noexcept nogil:
     cdef window_t *win = cw_of(b)
@@ -396,15 +421,22 @@ cdef inline int64_t acquire(core_t *b, int64_t now, int *trans) noexcept nogil:
 cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
     cdef int64_t w, since, gen, inflight
     cdef extra_t *x
-    cdef int st
+    cdef int st, held
     cdef config_t *c = cfg_of(b)
     w = fb_load_acq(&b.s.word)
     while True:
         st = w & ST_MASK
         if w & BUSY:
-            if is_shared(b) and take_over(b, w):
+            if not is_shared(b):
+                break
+            held = take_over(b, w)
+            if held == CLAIM_ROLLED_BACK:
                 w = fb_load_acq(&b.s.word)
                 continue
+            if held == CLAIM_STALLED and st == S_CLOSED:
+                # the claimer is stopped: go on with the state it claimed from
+                fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
+                return full_gen(b, w)
             break
         if st == S_ISOLATED:
             break
@@ -693,9 +725,12 @@ cdef inline int64_t raw_permit(core_t *b) noexcept nogil:
 
 # -- manual transitions --------------------------------------------------------------------------
 cdef int manual(core_t *b, int target, int64_t now) noexcept nogil:
-    """trip (S_OPEN), isolate (S_ISOLATED) or reset (S_CLOSED); returns the transition code."""
-    cdef int64_t w = claim(b)
+    """trip (S_OPEN), isolate (S_ISOLATED) or reset (S_CLOSED); returns the transition code,
+    or MANUAL_STALLED."""
+    cdef int64_t w
     cdef int trans = 0
+    if not claim(b, &w):
+        return MANUAL_STALLED
     if target == S_OPEN and (w & ST_MASK) == S_ISOLATED:
         fb_store_rel(&b.s.word, w)  # release the claim unchanged
         return 0
@@ -1720,17 +1755,15 @@ cdef class CircuitBreaker:
     # -- manual control --------------------------------------------------------------------------
     def trip(self):
         """Force OPEN now (a fresh open period; lazy recovery follows). No effect when ISOLATED."""
-        cdef int trans = manual(&self.st, S_OPEN, now_of(self))  # now_of: live() first
-        if trans:
-            fire(self, trans)
+        manual_step(self, S_OPEN, now_of(self))  # now_of: live() first
 
     def isolate(self):
         """Reject every call until ``reset()``."""
-        fire(self, manual(&self.st, S_ISOLATED, episode_end(self)))
+        manual_step(self, S_ISOLATED, episode_end(self))
 
     def reset(self):
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
-        fire(self, manual(&self.st, S_CLOSED, episode_end(self)))
+        manual_step(self, S_CLOSED, episode_end(self))
 
     # -- inspection --------------------------------------------------------------------------------
     @property
@@ -1837,7 +1870,7 @@ cdef class CircuitBreaker:
         cdef config_t *c = live(self)
         cdef int64_t now = 0, w, gen, since, hmax = opt(&c.half_open_max)
         cdef int trans = 0
-        cdef bint applied = False
+        cdef bint applied = False, claimed
         cdef extra_t *x = x_of(&self.st)
         cdef int64_t last = fb_load_rlx(&x.fleet_gen) if x != NULL else 0
         if state < S_CLOSED or state > S_HALF_OPEN:
@@ -1855,10 +1888,13 @@ cdef class CircuitBreaker:
         if fleet_gen > last:
             # Fenced under a claim of the word: no transition can happen between the checks
             # and the apply (a reader only, fleet_gen 0, never claims).
-            w = claim(&self.st)
-            gen = full_gen(&self.st, w)
-            if (fleet_gen > fb_load_rlx(&x.fleet_gen) and (local_gen < 0 or local_gen == gen)
-                    and (w & ST_MASK) != S_ISOLATED):
+            with nogil:
+                claimed = claim(&self.st, &w)
+            if not claimed:
+                pass  # another process's claim is stalled: the next sync applies it
+            elif (fleet_gen > fb_load_rlx(&x.fleet_gen)
+                  and (local_gen < 0 or local_gen == full_gen(&self.st, w))
+                  and (w & ST_MASK) != S_ISOLATED):
                 applied = True
                 fb_store_rlx(&x.fleet_gen, fleet_gen)
                 if state == S_CLOSED and (w & ST_MASK) != S_CLOSED:
@@ -2007,6 +2043,23 @@ cdef inline config_t *live(CircuitBreaker self) except NULL:
         raise RuntimeError(
             "this CircuitBreaker was never initialised (made with __new__ without __init__)")
     return c
+
+_MANUAL_NAMES = {S_OPEN: "trip()", S_ISOLATED: "isolate()", S_CLOSED: "reset()"}
+
+cdef object manual_step(CircuitBreaker self, int target, int64_t now):
+    """trip(), isolate() and reset(): the transition without the GIL (a shared breaker may wait
+    up to CLAIM_STALL_NS for another process's claim), then its callbacks."""
+    cdef int trans
+    with nogil:
+        trans = manual(&self.st, target, now)
+    if trans == MANUAL_STALLED:
+        raise SharedStateTimeout(
+            f"{_MANUAL_NAMES[target]} on the shared breaker {label_of(self)!r}: another process "
+            f"has held a transition of it for {CLAIM_STALL_NS // 1_000_000} ms or more (it is "
+            "stopped or stuck); nothing changed")
+    if trans:
+        fire(self, trans)
+
 
 cdef object fire(CircuitBreaker self, int trans):
     cdef Config config

@@ -68,6 +68,7 @@ from . import _calls
 from ._durations import read_clock
 from ._errors import (
     CircuitOpenError,
+    SharedStateTimeout,
     State,
     is_uninitialised,
     label_name,
@@ -124,9 +125,14 @@ class _SharedState:
     state whole) unless nothing changed, then releases. Used by the breaker, the retry budget
     and the bulkhead twins; not re-entrant, like the ``threading.Lock`` it replaces. It holds
     its object weakly, so that dropping the object frees its view of the region.
+
+    The record lock's wait is bounded (``_region.LOCK_TIMEOUT``): past it, ``SharedStateTimeout``
+    (a block that raises it stores nothing). With ``fallback`` (the breaker), the block runs
+    instead on the state last published, with only this process's threads locked out, and
+    ``stalled`` set: what it changes is not stored (see CircuitBreaker._stalled_now).
     """
 
-    __slots__ = ("_owner", "_lock", "_record", "_layout", "_loaded")
+    __slots__ = ("_owner", "_lock", "_record", "_layout", "_loaded", "_fallback", "stalled")
 
     def __init__(
         self,
@@ -134,6 +140,7 @@ class _SharedState:
         view: memoryview,
         lock: AbstractContextManager[Any],
         layout: _Layout,
+        fallback: bool = False,
     ) -> None:
         from ._region import SharedRecord
 
@@ -142,24 +149,41 @@ class _SharedState:
         self._record = SharedRecord(view, layout.size)
         self._layout = layout
         self._loaded = b""
+        self._fallback = fallback
+        self.stalled = False
 
     def __enter__(self) -> None:
-        self._lock.__enter__()  # the RecordLock (it retries a spurious EDEADLK)
+        lock: Any = self._lock
+        if self._fallback:
+            # the RecordLock: False when another process holds it past the bound (stopped):
+            # this thread then holds only the lock of this process's threads
+            self.stalled = not lock.enter_or_stall()
+        else:
+            lock.__enter__()
         try:
-            data = self._record.load()
+            data = self._record.load()  # when stalled, the copy the selector names: whole
             self._layout.load(self._owner(), data)
         except BaseException:
-            self._lock.__exit__(None, None, None)
+            self._release()
             raise
         self._loaded = data
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, et: Any, *exc: object) -> None:
         try:
+            if self.stalled or (et is not None and issubclass(et, SharedStateTimeout)):
+                return  # nothing is stored: the record keeps the state last published
             data = self._layout.pack(self._owner())
             if data != self._loaded:
                 self._record.store(data)
         finally:
             self._loaded = b""
+            self._release()
+
+    def _release(self) -> None:
+        if self.stalled:
+            self.stalled = False
+            self._lock.leave_stalled()  # type: ignore[attr-defined]
+        else:
             self._lock.__exit__(None, None, None)
 
 
@@ -590,7 +614,7 @@ class CircuitBreaker:
         config.region_view = view
         self = cls.__new__(cls)
         self._setup(config, label)
-        self._lock = _SharedState(self, view, lock, _BreakerLayout(config.options))
+        self._lock = _SharedState(self, view, lock, _BreakerLayout(config.options), True)
         return self
 
     def _setup(self, config: Config, label: object) -> None:
@@ -637,6 +661,8 @@ class CircuitBreaker:
         if not info_ok and not idle:
             return None
         with self._lock:
+            if self._stalled_now():
+                return None
             seen = (
                 self._state,
                 self._permitted,
@@ -649,6 +675,13 @@ class CircuitBreaker:
             self._setup(self._config, self._label)
             self._lock, self._gen = lock, gen + 1
         return m
+
+    def _stalled_now(self) -> bool:
+        """Under ``with self._lock``: whether another process holds the shared state past the
+        bound, so that this block runs on the state last published and stores nothing (it
+        makes no transition, admits no probe and drops outcomes)."""
+        lock = self._lock
+        return type(lock) is _SharedState and lock.stalled
 
     def _bind(self, slot: int, tag: int) -> None:
         """A shared map's breaker: the slot of the map's table it was bound to, and that slot's
@@ -672,6 +705,11 @@ class CircuitBreaker:
     # -- transitions (called with the lock held; return the transition to report) ----------
     def _enter(self, new: State, now: int = 0, reserved: bool = False) -> tuple[State, State]:
         """Make the transition; ``reserved``: the group already counts it (``_auto_trip``)."""
+        if self._stalled_now():
+            raise SharedStateTimeout(
+                f"a transition of the shared breaker {self.name!r}: another process has held "
+                "its lock past the bound (it is stopped or stuck); nothing changed"
+            )
         old = self._state
         group = self._config.group
         if group is not None and not reserved and (old == CLOSED) != (new == CLOSED):
@@ -751,7 +789,9 @@ class CircuitBreaker:
                 self._permitted += 1
                 return self._gen, None
             permit = -1
-            if state == OPEN:
+            if self._stalled_now():
+                pass  # another process holds the state, stalled: no transition, no probe
+            elif state == OPEN:
                 now = self._now()
                 if now - self._since_ns >= self._open_period_ns(self._level):
                     trans = self._enter(HALF_OPEN, now)
@@ -793,16 +833,24 @@ class CircuitBreaker:
                 if not raw:
                     self._fire(self._release(permit, OUT_NEUTRAL))
                 raise
-        with self._lock:
-            if permit != self._gen or self._state not in (CLOSED, HALF_OPEN):
+        try:
+            with self._lock:
+                if self._stalled_now():
+                    return None  # dropped: another process holds the state, stalled
+                return self._release_locked(permit, outcome, now)
+        except SharedStateTimeout:
+            return None  # the group's lock is stalled: dropped, nothing stored
+
+    def _release_locked(self, permit: int, outcome: int, now: int) -> Optional[tuple[State, State]]:
+        if permit != self._gen or self._state not in (CLOSED, HALF_OPEN):
+            self._stale += 1
+            return None
+        if self._state == HALF_OPEN:
+            if self._inflight == 0:
                 self._stale += 1
                 return None
-            if self._state == HALF_OPEN:
-                if self._inflight == 0:
-                    self._stale += 1
-                    return None
-                return self._release_probe(outcome, now)
-            return self._release_closed(outcome, now)
+            return self._release_probe(outcome, now)
+        return self._release_closed(outcome, now)
 
     def _release_probe(self, outcome: int, now: int) -> Optional[tuple[State, State]]:
         opts = self._config.options
@@ -1209,6 +1257,7 @@ class CircuitBreaker:
                 fleet_gen > self._fleet_gen
                 and (local_gen < 0 or local_gen == self._gen)
                 and self._state != ISOLATED
+                and not self._stalled_now()  # the next sync applies it
             ):
                 applied = True
                 self._fleet_gen = fleet_gen

@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager
 from typing import Any, final
 
 from ._durations import check_clock, read_clock
-from ._errors import is_uninitialised, not_copyable, uninitialised
+from ._errors import SharedStateTimeout, is_uninitialised, not_copyable, uninitialised
 from ._options import TOKEN_UNIT as UNIT, budget_units, class_signature
 
 __all__ = ["RetryBudget"]
@@ -172,18 +172,24 @@ class RetryBudget:
 
     def record_success(self) -> None:
         """Deposit ``ratio`` tokens, up to ``capacity``. Never reads the clock."""
-        with self._lock:
-            self._tokens = min(self._tokens + self._deposit, self._capacity)
+        try:
+            with self._lock:
+                self._tokens = min(self._tokens + self._deposit, self._capacity)
+        except SharedStateTimeout:
+            pass  # shared: another process holds the lock, stopped; the deposit is dropped
 
     def allow_retry(self) -> bool:
         """Take one token if at least one is available (after the lazy refill); else ``False``."""
         now = read_clock(self._clock)
-        with self._lock:
-            self._refill(now)
-            if self._tokens < UNIT:
-                return False
-            self._tokens -= UNIT
-            return True
+        try:
+            with self._lock:
+                self._refill(now)
+                if self._tokens < UNIT:
+                    return False
+                self._tokens -= UNIT
+                return True
+        except SharedStateTimeout:
+            return False  # shared: another process holds the lock, stopped; no retry
 
     @property
     def tokens(self) -> float:

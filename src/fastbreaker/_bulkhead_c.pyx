@@ -32,8 +32,8 @@ cdef extern from "_fb_atomic.h" nogil:
     int fb_cas_strong(int64_t *p, int64_t *expected, int64_t desired)
 
 cdef extern from "_fb_process.h" nogil:
-    int64_t fb_getpid()
-    bint fb_process_gone(int64_t pid)
+    int64_t fb_owner_self()
+    bint fb_owner_gone(int64_t owner)
 
 cdef enum:
     FIXED = 0
@@ -70,11 +70,12 @@ cdef inline int64_t _cap(fb_bulkhead_t *b) noexcept nogil:
 
 
 # -- a Bulkhead in a SharedRegion ----------------------------------------------------------------
-# Its block: the counters below, then one owner word per slot (0: free, else the pid holding it).
-# A slot is taken by one CAS of a free owner word to this process's pid (the scan starts at a
-# rotating cursor), and given back by one CAS of an owner word holding this pid to 0, so every
-# slot names its holder. When a try_acquire() finds every slot taken, it frees the slots whose
-# process no longer exists (kill(pid, 0) fails with ESRCH), at most once per RECLAIM_NS per
+# Its block: the counters below, then one owner word per slot (0: free, else the process holding
+# it: its pid and start time, see _fb_process.h). A slot is taken by one CAS of a free owner word
+# to this process's owner (the scan starts at a rotating cursor), and given back by one CAS of an
+# owner word holding it to 0, so every slot names its holder. When a try_acquire() finds every
+# slot taken, it frees the slots whose process no longer exists (kill(pid, 0) fails with ESRCH,
+# or the pid now belongs to a process with another start time), at most once per RECLAIM_NS per
 # bulkhead (the CAS winner on the last reclaim time does it), then scans again. A shared bulkhead
 # never waits: a waiter in one process could not be woken by a release in another.
 cdef enum:
@@ -90,11 +91,11 @@ cdef enum:
     SB_OWNERS = 16    # the owner words start on the third cache line
 
 cdef int64_t RECLAIM_NS = 100_000_000  # 100 ms
-cdef int64_t fb_pid = 0
+cdef int64_t fb_owner = 0  # this process (refreshed after a fork)
 
 def _refresh_pid():
-    global fb_pid
-    fb_pid = fb_getpid()
+    global fb_owner
+    fb_owner = fb_owner_self()
 
 _refresh_pid()
 import os as _os
@@ -108,7 +109,7 @@ cdef inline int _shared_take(int64_t *blk, int64_t cap) noexcept nogil:
         if j >= cap:
             j -= cap
         cur = 0
-        if fb_load_rlx(&owners[j]) == 0 and fb_cas_strong(&owners[j], &cur, fb_pid):
+        if fb_load_rlx(&owners[j]) == 0 and fb_cas_strong(&owners[j], &cur, fb_owner):
             n = fb_add(&blk[SB_IN_FLIGHT], 1)
             fb_add(&blk[SB_ADMITTED], 1)
             fb_max(&blk[SB_PEAK], n)
@@ -117,16 +118,16 @@ cdef inline int _shared_take(int64_t *blk, int64_t cap) noexcept nogil:
 
 cdef int64_t _shared_reclaim(int64_t *blk, int64_t cap, int64_t now) noexcept nogil:
     """Free the slots of processes that are gone (at most once per RECLAIM_NS); how many."""
-    cdef int64_t last = fb_load_rlx(&blk[SB_RECLAIM]), j, pid, freed = 0
+    cdef int64_t last = fb_load_rlx(&blk[SB_RECLAIM]), j, owner, freed = 0
     cdef int64_t *owners = blk + <int>SB_OWNERS
     if now < 0 or (last != 0 and now - last < RECLAIM_NS):
         return 0
     if not fb_cas_strong(&blk[SB_RECLAIM], &last, now if now != 0 else 1):
         return 0
     for j in range(cap):
-        pid = fb_load_rlx(&owners[j])
-        if pid != 0 and pid != fb_pid and fb_process_gone(pid):
-            if fb_cas_strong(&owners[j], &pid, 0):
+        owner = fb_load_rlx(&owners[j])
+        if owner != 0 and owner != fb_owner and fb_owner_gone(owner):
+            if fb_cas_strong(&owners[j], &owner, 0):
                 fb_add(&blk[SB_IN_FLIGHT], -1)
                 freed += 1
     return freed
@@ -147,7 +148,7 @@ cdef int _shared_release(fb_bulkhead_t *b) noexcept nogil:
     cdef int64_t cap = _cap(b), j, cur
     cdef int64_t *owners = b.shared + <int>SB_OWNERS
     for j in range(cap):
-        cur = fb_pid
+        cur = fb_owner
         if fb_load_rlx(&owners[j]) == cur and fb_cas_strong(&owners[j], &cur, 0):
             fb_add(&b.shared[SB_IN_FLIGHT], -1)
             return 1

@@ -11,11 +11,13 @@ in a ``SharedRecord`` of the region, and ``self._lock`` is the breaker twin's ``
 
     7 int64 (little-endian)     admitted, rejected, timed_out, cancelled, waited, peak,
                                 last_reclaim_ns (the last scan for dead owners; INT64_MIN: never)
-    max_concurrent int32        the owner of each slot, a pid (0: free), in native byte order
+    max_concurrent int64        the owner of each slot (0: free), in native byte order: the pid
+                                and start time of the process holding it (``_process``)
 
-A slot records the process that holds it: ``try_acquire()`` writes this process's pid in a free
-slot; when none is free it frees the slots of processes that no longer exist (at most once every
-100 ms per bulkhead, on the bulkhead's clock) and tries again. ``release()`` frees a slot held by
+A slot records the process that holds it: ``try_acquire()`` writes this process's owner word in
+a free slot; when none is free it frees the slots of processes that no longer exist, or whose
+pid now belongs to a process that started at another time (at most once every 100 ms per
+bulkhead, on the bulkhead's clock), and tries again. ``release()`` frees a slot held by
 this process. A shared bulkhead never waits (``max_wait=0``, ``max_waiting=0``): nobody in another
 process could wake a waiter.
 """
@@ -37,9 +39,10 @@ from . import _bulkhead as _b
 from ._bulkhead import BulkheadMetrics
 from ._deadline import current_var
 from ._durations import Seconds, read_clock
-from ._errors import is_uninitialised, not_copyable, uninitialised
+from ._errors import SharedStateTimeout, is_uninitialised, not_copyable, uninitialised
 from ._limit_gradient import Gradient
 from ._options import class_signature
+from ._process import owner_gone, owner_self
 
 __all__ = ["AdaptiveLimiter", "Bulkhead", "BulkheadMetrics"]
 
@@ -58,12 +61,12 @@ _NEVER = -(2**63)  # last_reclaim_ns before the first scan
 RECLAIM_INTERVAL_NS = 100_000_000
 """A shared bulkhead scans its slots for dead owners at most this often (100 ms)."""
 
-_pid = os.getpid()
+_owner = owner_self()
 
 
 def _refresh_pid() -> None:
-    global _pid
-    _pid = os.getpid()
+    global _owner
+    _owner = owner_self()
 
 
 if hasattr(os, "register_at_fork"):
@@ -71,9 +74,23 @@ if hasattr(os, "register_at_fork"):
 
 
 def _owner_array(n: int) -> "array[int]":
-    owners = array("i", bytes(4 * n))
-    assert owners.itemsize == 4
+    owners = array("q", bytes(8 * n))
+    assert owners.itemsize == 8
     return owners
+
+
+_owed_lock = threading.Lock()
+
+
+def _settle_owed(b: "_Slots", owners: "array[int]") -> None:
+    """Give back the slots whose release found the lock stalled (under the lock)."""
+    with _owed_lock:
+        owed, b._owed = b._owed, 0
+    for _ in range(owed):
+        try:
+            owners[owners.index(_owner)] = 0
+        except ValueError:
+            break
 
 
 class _BulkheadLayout:
@@ -83,13 +100,15 @@ class _BulkheadLayout:
 
     def __init__(self, max_concurrent: int) -> None:
         self._n = max_concurrent
-        self.size = _COUNTERS.size + 4 * max_concurrent
+        self.size = _COUNTERS.size + 8 * max_concurrent
 
     def load(self, b: "_Slots", data: bytes) -> None:
         for field, value in zip(_FIELDS, _COUNTERS.unpack_from(data)):
             setattr(b, field, value)
-        owners = array("i")
+        owners = array("q")
         owners.frombytes(memoryview(data)[_COUNTERS.size :])
+        if b._owed:
+            _settle_owed(b, owners)
         b._owners = owners
         b._in_flight = self._n - owners.count(0)
         b._waiting = 0
@@ -117,17 +136,6 @@ def shared_init(view: memoryview, max_concurrent: int) -> None:
     SharedRecord(view, layout.size).store(data)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a zombie, not yet reaped by its parent, still does)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, run by another user
-    return True
-
-
 class _Slots:
     """What Bulkhead and AdaptiveLimiter share: the counters, the fast paths, waiting, calls."""
 
@@ -149,6 +157,7 @@ class _Slots:
         "_ready",
         "_owners",
         "_reclaim_ns",
+        "_owed",
         "__weakref__",
     )
 
@@ -167,6 +176,7 @@ class _Slots:
         # shared mode (a SharedRegion's bulkhead): the owner pid of each slot; None when local
         self._owners: Optional[array[int]] = None
         self._reclaim_ns = _NEVER
+        self._owed = 0  # shared mode: releases not yet made (the lock was stalled)
         self._ready = True
 
     def __new__(cls, *args: object, **kwargs: object) -> Any:
@@ -198,9 +208,13 @@ class _Slots:
     # -- the fast paths ---------------------------------------------------------------------
 
     def _try_admit(self) -> bool:
+        if self._owners is not None:
+            try:
+                with self._lock:
+                    return self._take_slot()
+            except SharedStateTimeout:
+                return False  # another process holds the lock, stopped: refused (uncounted)
         with self._lock:
-            if self._owners is not None:
-                return self._take_slot()
             if self._waiting == 0 and self._in_flight < self._cap():
                 self._in_flight += 1
                 self._admitted += 1
@@ -214,12 +228,15 @@ class _Slots:
         if self._try_admit():
             return True
         now = self._now() if self._owners is not None else 0
-        with self._lock:
-            if self._owners is not None and (
-                self._take_slot() or (self._reclaim(now) and self._take_slot())
-            ):
-                return True
-            self._rejected += 1
+        try:
+            with self._lock:
+                if self._owners is not None and (
+                    self._take_slot() or (self._reclaim(now) and self._take_slot())
+                ):
+                    return True
+                self._rejected += 1
+        except SharedStateTimeout:
+            pass  # another process holds the lock, stopped: refused (uncounted)
         return False
 
     def _take_slot(self) -> bool:
@@ -230,7 +247,7 @@ class _Slots:
             i = owners.index(0)
         except ValueError:
             return False
-        owners[i] = _pid
+        owners[i] = _owner
         self._in_flight += 1
         self._admitted += 1
         if self._in_flight > self._peak:
@@ -245,21 +262,33 @@ class _Slots:
         self._reclaim_ns = now
         owners = self._owners
         assert owners is not None
-        dead = {pid for pid in set(owners) if pid and pid != _pid and not _alive(pid)}
+        dead = {o for o in set(owners) if o and o != _owner and owner_gone(o)}
         if not dead:
             return False
-        for i, pid in enumerate(owners):
-            if pid in dead:
+        for i, o in enumerate(owners):
+            if o in dead:
                 owners[i] = 0
                 self._in_flight -= 1
         return True
 
     def _release_slot(self) -> None:
+        try:
+            self._release_locked()
+        except SharedStateTimeout:
+            self._owe_release()
+
+    def _owe_release(self) -> None:
+        """Shared mode: another process holds the lock, stopped. The slot is given back by the
+        next holder of the lock in this process (``_BulkheadLayout.load``), never lost."""
+        with _owed_lock:
+            self._owed += 1
+
+    def _release_locked(self) -> None:
         with self._lock:
             if self._owners is not None:
                 owners = self._owners
                 try:
-                    i = owners.index(_pid)
+                    i = owners.index(_owner)
                 except ValueError:
                     raise RuntimeError(
                         "release() without a matching acquisition: nothing is held"

@@ -13,6 +13,7 @@ __all__ = [
     "CircuitOpenError",
     "DeadlineExceeded",
     "LoadShedError",
+    "SharedStateTimeout",
     "State",
     "exception_matcher",
 ]
@@ -36,6 +37,16 @@ class State(enum.IntEnum):
 
 class BreakerError(Exception):
     """Base class of every error fastbreaker raises itself."""
+
+
+class SharedStateTimeout(BreakerError, TimeoutError):
+    """State shared between processes (a ``SharedRegion``) is held by another process for longer
+    than the bound: that process is alive but stopped (``SIGSTOP``, a debugger) or stuck.
+
+    Raised by what must change the state and cannot wait: ``trip()``, ``reset()`` and
+    ``isolate()`` of a shared breaker, and creating objects in a region. Nothing changed; the
+    call may be retried. Admission never raises it (see docs/shared-memory.md).
+    """
 
 
 class CircuitOpenError(BreakerError):

@@ -32,7 +32,7 @@ import weakref
 from typing import Any, Callable, Hashable, Iterator, Optional, TypeVar
 
 from ._durations import check_count, check_rate
-from ._errors import State, is_uninitialised, not_copyable
+from ._errors import SharedStateTimeout, State, is_uninitialised, not_copyable
 from ._metrics import Metrics
 from ._options import BreakerOptions
 
@@ -296,10 +296,13 @@ def _shared_new(m: Any, key: Any) -> Any:
             del m._d[key]
         found = table.find(raw)
         if found is None:
-            with table.lock:
-                found = table.find(raw)
-                if found is None:
-                    found = _shared_insert(m, table, raw)
+            try:
+                with table.lock:
+                    found = table.find(raw)
+                    if found is None:
+                        found = _shared_insert(m, table, raw)
+            except SharedStateTimeout:
+                pass  # another process holds the table's lock, stopped: as when it is full
             if found is None:  # every slot holds a breaker that may not be evicted
                 return m._core.CircuitBreaker._from_config(m._detached, _label(key))
         return _bind(m, key, *found)
@@ -503,10 +506,13 @@ def _metrics(m: Any) -> MapMetrics:
         raise _uninitialised()
     if m._table is not None:
         # the region's: every key of every process, and the breakers evicted by any of them
-        with m._table.lock:
-            breakers = [b for _, b in _shared_breakers(m)]
-            totals = m._table.totals()
-            evicted, untracked = m._table.evicted, m._table.untracked
+        try:
+            with m._table.lock:
+                breakers, totals, evicted, untracked = _table_snapshot(m)
+        except SharedStateTimeout:
+            # another process holds the lock, stopped: a snapshot without it (an eviction that
+            # process is making may show in the totals and not the keys yet, or the reverse)
+            breakers, totals, evicted, untracked = _table_snapshot(m)
     else:
         with m._lock:  # no eviction between the list of breakers and the totals of dropped ones
             breakers = list(m._d.values())
@@ -528,6 +534,12 @@ def _metrics(m: Any) -> MapMetrics:
         untracked=untracked,
         **totals,
     )
+
+
+def _table_snapshot(m: Any) -> tuple[list[Any], dict[str, Any], int, int]:
+    table = m._table
+    breakers = [b for _, b in _shared_breakers(m)]
+    return breakers, table.totals(), table.evicted, table.untracked
 
 
 def _on_state_change(m: Any, callback: CB) -> CB:

@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 MAGIC = 0x4E4F494745524246  # b"FBREGION", little-endian
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 """The layout version written in the header; attaching to another version is a ValueError."""
 
 HEADER_SIZE = 64
@@ -120,42 +120,91 @@ def _check_name(name: object, what: str, limit: int) -> bytes:
     return raw
 
 
+LOCK_TIMEOUT = 0.1
+"""The longest a process waits for a region lock held by another process (seconds); the
+directory's lock (creating and finding objects) waits ``DIR_LOCK_TIMEOUT``. Past it the holder
+is taken as stopped or stuck: what needs the lock goes on without it as docs/shared-memory.md
+says, or raises ``SharedStateTimeout``. After a timeout, the same lock is tried without waiting
+until it is taken again or ``LOCK_TIMEOUT`` has passed, so callers do not queue up behind a
+stopped process one bound each."""
+DIR_LOCK_TIMEOUT = 2.0
+
+
 class RecordLock:
-    """An exclusive lock on one byte of a segment, for threads and processes alike.
+    """An exclusive lock on one byte of a segment, for threads and processes alike, with a
+    bounded wait (``LOCK_TIMEOUT``, or ``timeout`` seconds): ``SharedStateTimeout`` past it.
 
     A thread lock orders the threads of this process; an ``fcntl`` record lock (which belongs to
-    the process, and is released by the kernel when the process dies) orders the processes.
+    the process, and is released by the kernel when the process dies) orders the processes. The
+    record lock is asked for without blocking and asked again with a growing pause (1 us to
+    1 ms), so a process never blocks in the kernel on a holder that is stopped.
     """
 
-    __slots__ = ("_fd", "_offset", "_thread_lock")
+    __slots__ = ("_fd", "_offset", "_thread_lock", "_timeout", "_where", "_stalled_until")
 
-    def __init__(self, fd: int, offset: int) -> None:
+    def __init__(
+        self, fd: int, offset: int, timeout: Optional[float] = None, where: str = ""
+    ) -> None:
         self._fd = fd
         self._offset = offset
         self._thread_lock = threading.Lock()
+        self._timeout = timeout
+        self._where = where
+        self._stalled_until = 0.0
 
     def __enter__(self) -> None:
+        self._enter(False)
+
+    def enter_or_stall(self) -> bool:
+        """Like ``with``, but when another process holds the record lock past the bound, hold
+        only the thread lock and return False (then ``leave_stalled()``, not ``__exit__``)."""
+        return self._enter(True)
+
+    def leave_stalled(self) -> None:
+        self._thread_lock.release()
+
+    def _enter(self, stall_ok: bool) -> bool:
         import fcntl
 
-        self._thread_lock.acquire()
+        bound = LOCK_TIMEOUT if self._timeout is None else self._timeout
+        start = time.monotonic()
+        # a stalled holder was seen lately: one try, no wait
+        deadline = start if start < self._stalled_until else start + bound
+        if not self._thread_lock.acquire(timeout=max(bound, 0.0)):
+            raise self._timed_out(bound)
         delay = 1e-6
         try:
             while True:
                 try:
-                    fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, self._offset)
-                    return
+                    fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._offset)
+                    self._stalled_until = 0.0
+                    return True
                 except OSError as exc:
-                    # The kernel's deadlock detection takes the process as a lock's owner:
-                    # process A waiting for a lock of B while another thread of A holds one B
-                    # waits for looks like a cycle (EDEADLK). It is not one (a holder never waits
-                    # for a second lock), so the holder finishes and a retry succeeds.
-                    if exc.errno != errno.EDEADLK:
+                    # EAGAIN/EACCES: another process holds it. EDEADLK: the kernel's deadlock
+                    # detection takes the process as a lock's owner, and process A asking for a
+                    # lock of B while another thread of A holds one B waits for looks like a
+                    # cycle. It is not one (a holder never waits for a second lock): retry.
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EDEADLK):
                         raise
-                time.sleep(delay)
+                now = time.monotonic()
+                if now >= deadline:
+                    self._stalled_until = now + bound
+                    if stall_ok:
+                        return False
+                    raise self._timed_out(bound)
+                time.sleep(min(delay, deadline - now))
                 delay = min(delay * 2, 1e-3)
         except BaseException:
             self._thread_lock.release()
             raise
+
+    def _timed_out(self, bound: float) -> Exception:
+        from ._errors import SharedStateTimeout
+
+        return SharedStateTimeout(
+            f"{self._where or 'a lock of a shared region'}: held by another process for more "
+            f"than {bound:g} s (it is stopped or stuck)"
+        )
 
     def __exit__(self, *exc: object) -> None:
         import fcntl
@@ -234,7 +283,9 @@ class _Segment:
         if fd != getattr(shm, "_fd", -1):
             self.lock_file = fd
         self.fd = fd
-        self.dir_lock = RecordLock(fd, 0)
+        self.dir_lock = RecordLock(
+            fd, 0, DIR_LOCK_TIMEOUT, f"the directory of the shared region {name!r}"
+        )
         self.locks: dict[int, RecordLock] = {}
         self.live = 0  # objects made from this mapping and still alive
         self.name = name
@@ -270,7 +321,8 @@ class _Segment:
     def lock_at(self, offset: int) -> RecordLock:
         lock = self.locks.get(offset)
         if lock is None:
-            lock = self.locks.setdefault(offset, RecordLock(self.fd, offset))
+            where = f"the lock at offset {offset} of the shared region {self.name!r}"
+            lock = self.locks.setdefault(offset, RecordLock(self.fd, offset, None, where))
         return lock
 
 

@@ -1,0 +1,66 @@
+"""Process identity for state shared between processes (the pure-Python side of _fb_process.h).
+
+An owner is one int: the pid in the low 32 bits and, where the platform tells a process's start
+time (Linux: field 22 of ``/proc/<pid>/stat``, clock ticks since boot), its low 31 bits above
+them. A pid that the kernel gives to a new process after its holder died no longer matches the
+owner (the start time differs), so a slot or claim of the dead holder is reclaimed even then.
+Elsewhere the start time is 0 and an owner is its pid alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["owner_gone", "owner_of", "owner_self", "start_time"]
+
+_START_MASK = 0x7FFFFFFF
+
+
+def start_time(pid: int) -> int:
+    """The low 31 bits of process ``pid``'s start time; 0 when unknown here; -1 when no process
+    has that pid."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return -1
+    except OSError:
+        return 0
+    # the command name (field 2) may hold spaces and parentheses: count from the last ")"
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19]) & _START_MASK  # field 22
+    except (IndexError, ValueError):
+        return 0
+
+
+def owner_of(pid: int, start: int) -> int:
+    """The owner word of process ``pid`` started at ``start`` (see the module docstring)."""
+    return ((start & _START_MASK) << 32) | (pid & 0xFFFFFFFF)
+
+
+def owner_self() -> int:
+    """This process's owner word (computed again after a fork by its users)."""
+    pid = os.getpid()
+    return owner_of(pid, max(0, start_time(pid)))
+
+
+def owner_gone(owner: int) -> bool:
+    """Whether the owner's process is gone: no process has its pid (a zombie, not yet reaped by
+    its parent, still does), or the process with that pid started at another time."""
+    pid, recorded = owner & 0xFFFFFFFF, owner >> 32
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists, run by another user
+    if recorded == 0:
+        return False
+    now = start_time(pid)
+    return now < 0 or (now != 0 and now != recorded)
