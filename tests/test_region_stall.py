@@ -110,6 +110,8 @@ def test_a_process_stopped_inside_a_transition_stalls_no_one(
         for op in (b.reset, b.isolate):
             with pytest.raises(fb.SharedStateTimeout):
                 within(1.0, op)
+        # a fleet's OPEN record is not applied now (the next sync brings it again)
+        assert within(1.0, b._fleet, 1, -1, int(fb.State.OPEN), 30.0, 0)[0] is False
         assert within(0.5, b.metrics).state == fb.State.CLOSED
     finally:
         if fb.impl == "c":

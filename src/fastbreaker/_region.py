@@ -124,9 +124,9 @@ LOCK_TIMEOUT = 0.1
 """The longest a process waits for a region lock held by another process (seconds); the
 directory's lock (creating and finding objects) waits ``DIR_LOCK_TIMEOUT``. Past it the holder
 is taken as stopped or stuck: what needs the lock goes on without it as docs/shared-memory.md
-says, or raises ``SharedStateTimeout``. After a timeout, the same lock is tried without waiting
-until it is taken again or ``LOCK_TIMEOUT`` has passed, so callers do not queue up behind a
-stopped process one bound each."""
+says, or raises ``SharedStateTimeout``. After a timeout, the same lock is tried once, without
+waiting, until it is taken again, so callers do not wait one bound each behind a process that
+stays stopped."""
 DIR_LOCK_TIMEOUT = 2.0
 
 
@@ -140,7 +140,7 @@ class RecordLock:
     1 ms), so a process never blocks in the kernel on a holder that is stopped.
     """
 
-    __slots__ = ("_fd", "_offset", "_thread_lock", "_timeout", "_where", "_stalled_until")
+    __slots__ = ("_fd", "_offset", "_thread_lock", "_timeout", "_where", "_stalled")
 
     def __init__(
         self, fd: int, offset: int, timeout: Optional[float] = None, where: str = ""
@@ -150,7 +150,7 @@ class RecordLock:
         self._thread_lock = threading.Lock()
         self._timeout = timeout
         self._where = where
-        self._stalled_until = 0.0
+        self._stalled = False  # the last wait timed out: try once, until the lock is taken
 
     def __enter__(self) -> None:
         self._enter(False)
@@ -168,8 +168,7 @@ class RecordLock:
 
         bound = LOCK_TIMEOUT if self._timeout is None else self._timeout
         start = time.monotonic()
-        # a stalled holder was seen lately: one try, no wait
-        deadline = start if start < self._stalled_until else start + bound
+        deadline = start if self._stalled else start + bound
         # The threads of this process wait for each other without a bound of their own: a
         # holder's wait for another process is bounded, and its work under the lock is short.
         self._thread_lock.acquire()
@@ -178,7 +177,7 @@ class RecordLock:
             while True:
                 try:
                     fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self._offset)
-                    self._stalled_until = 0.0
+                    self._stalled = False
                     return True
                 except OSError as exc:
                     # EAGAIN/EACCES: another process holds it. EDEADLK: the kernel's deadlock
@@ -189,7 +188,7 @@ class RecordLock:
                         raise
                 now = time.monotonic()
                 if now >= deadline:
-                    self._stalled_until = now + bound
+                    self._stalled = True
                     if stall_ok:
                         return False
                     raise self._timed_out(bound)
