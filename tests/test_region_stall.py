@@ -10,6 +10,7 @@ word with a live pid (this process's parent) and another start time into a slot 
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -47,9 +48,15 @@ def name() -> Iterator[str]:
 
 
 @pytest.fixture
-def short_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+def short_bound(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_region, "LOCK_TIMEOUT", BOUND)
     monkeypatch.setattr(_region, "DIR_LOCK_TIMEOUT", BOUND)
+    # The defect these tests guard against is a wait without end (a blocking lock, a spin that
+    # holds the GIL): a watchdog thread in C ends the run loudly, with every thread's stack,
+    # rather than letting it hang.
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 class Stopped:
