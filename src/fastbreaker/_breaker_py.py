@@ -25,8 +25,11 @@ state lives in a ``SharedRecord`` of the region, and ``self._lock`` is a ``_Shar
 it takes the region's record lock (threads and processes) and loads every state field from the
 record into the attributes; leaving it packs them back (a double-buffered store, skipped when
 nothing changed) and releases. The code between is the same as for a local breaker, so every read
-or write of mutable state happens inside ``with self._lock:``. The config (options, listeners,
-classification, clock) stays per process. The record (``_BreakerLayout``, little-endian)::
+or write of mutable state happens inside ``with self._lock:``. When another process holds the
+record lock past ``_region.LOCK_TIMEOUT`` (it is stopped), the block runs on the record last
+stored, and stores nothing: ``_stalled_now()`` is then true, and the state machine admits only
+in CLOSED, makes no transition (``_enter`` raises ``SharedStateTimeout``) and drops outcomes.
+The config (options, listeners, classification, clock) stays per process. The record (``_BreakerLayout``, little-endian)::
 
     27 int64        state, gen, inflight, probe_ok, level, since_ns, consec, head, rec, fail,
                     slow, last, permitted, rejected, successes, failures, slow_calls, ignored,
