@@ -31,7 +31,8 @@ static inline void fb_stall(int fd) { (void)fd; for (;;) {} }
 #define FB_OWNER_PID(o) ((int64_t)((uint64_t)(o) & 0xFFFFFFFFu))
 #define FB_OWNER_START(o) ((int64_t)((uint64_t)(o) >> 32))
 
-/* The low 31 bits of the start time of `pid` (0: not known here); -1 if it has no such process. */
+/* The low 31 bits of the start time of `pid`; 0 when not known (not Linux, no such process, or
+ * /proc hides it: mounted with hidepid, another user's process looks absent while it runs). */
 static inline int64_t fb_start_time(int64_t pid) {
 #if defined(__linux__)
     char path[48], buf[1024];
@@ -41,7 +42,7 @@ static inline int64_t fb_start_time(int64_t pid) {
     unsigned long long start = 0;
     snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? -1 : 0;
+    if (fd < 0) return 0;
     n = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (n <= 0) return 0;
@@ -63,19 +64,20 @@ static inline int64_t fb_owner_of(int64_t pid, int64_t start) {
 
 /* This process's owner word (call again after a fork). */
 static inline int64_t fb_owner_self(void) {
-    int64_t pid = (int64_t)getpid(), start = fb_start_time(pid);
-    return fb_owner_of(pid, start < 0 ? 0 : start);
+    int64_t pid = (int64_t)getpid();
+    return fb_owner_of(pid, fb_start_time(pid));
 }
 
 /* 1 when the owner's process is gone: no process has its pid (a zombie still has it until its
- * parent reaps it), or the process with that pid started at another time (the pid was reused). */
+ * parent reaps it), or the process with that pid started at another time (the pid was reused).
+ * A start time that cannot be read counts as the same one: a live holder is never freed. */
 static inline int fb_owner_gone(int64_t owner) {
     int64_t pid = FB_OWNER_PID(owner), recorded = FB_OWNER_START(owner), now;
     if (pid <= 0) return 0;
     if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
     if (recorded == 0) return 0;
     now = fb_start_time(pid);
-    return now < 0 || (now != 0 && now != recorded);
+    return now != 0 && now != recorded;
 }
 
 /* Give the CPU away for about `ns` (a bounded wait on another process). */

@@ -18,15 +18,13 @@ _START_MASK = 0x7FFFFFFF
 
 
 def start_time(pid: int) -> int:
-    """The low 31 bits of process ``pid``'s start time; 0 when unknown here; -1 when no process
-    has that pid."""
+    """The low 31 bits of process ``pid``'s start time; 0 when unknown (not Linux, no such
+    process, or ``/proc`` hides it: with ``hidepid``, another user's process looks absent)."""
     if not sys.platform.startswith("linux"):
         return 0
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except FileNotFoundError:
-        return -1
     except OSError:
         return 0
     # the command name (field 2) may hold spaces and parentheses: count from the last ")"
@@ -45,12 +43,13 @@ def owner_of(pid: int, start: int) -> int:
 def owner_self() -> int:
     """This process's owner word (computed again after a fork by its users)."""
     pid = os.getpid()
-    return owner_of(pid, max(0, start_time(pid)))
+    return owner_of(pid, start_time(pid))
 
 
 def owner_gone(owner: int) -> bool:
     """Whether the owner's process is gone: no process has its pid (a zombie, not yet reaped by
-    its parent, still does), or the process with that pid started at another time."""
+    its parent, still does), or the process with that pid started at another time. A start time
+    that cannot be read counts as the same one: a live holder is never freed."""
     pid, recorded = owner & 0xFFFFFFFF, owner >> 32
     if pid <= 0:
         return False
@@ -63,4 +62,4 @@ def owner_gone(owner: int) -> bool:
     if recorded == 0:
         return False
     now = start_time(pid)
-    return now < 0 or (now != 0 and now != recorded)
+    return now != 0 and now != recorded
