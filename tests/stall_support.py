@@ -24,7 +24,7 @@ def _hold(lock: Any, fd: int) -> None:
 
 def hold_lock(core: str, name: str, what: str, conn: Any) -> None:
     """Take a lock of the region and hold it: ``what`` is "directory", "map" (a shared map's
-    table), or, on the twin, "breaker" or "bulkhead" (their record locks)."""
+    table), or, on the twin, "breaker", "budget" or "bulkhead" (their record locks)."""
     r = region(core, name)
     obj: Any = r  # kept alive while the lock is held (a twin's lock holds its object weakly)
     if what == "directory":
@@ -34,6 +34,9 @@ def hold_lock(core: str, name: str, what: str, conn: Any) -> None:
         lock = obj._table.lock
     elif what == "breaker":
         obj = r.breaker("up", failure_threshold=3)
+        lock = obj._lock
+    elif what == "budget":
+        obj = r.retry_budget("rb")
         lock = obj._lock
     else:
         obj = r.bulkhead("bh", 2)

@@ -161,15 +161,16 @@ def test_a_stopped_holder_of_a_maps_lock_stalls_no_one(
     assert m.allow("new-0") and "new-0" in m  # the lock is free again: shared from now on
 
 
-@pytest.mark.parametrize("what", ["breaker", "bulkhead", "directory"])
+@pytest.mark.parametrize("what", ["breaker", "budget", "bulkhead", "directory"])
 def test_a_stopped_holder_of_a_record_lock_stalls_no_one(
     fb: types.SimpleNamespace, name: str, short_bound: None, what: str
 ) -> None:
     if fb.impl == "c" and what != "directory":
-        pytest.skip("the compiled breaker and bulkhead take no lock (see the claim test)")
+        pytest.skip("the compiled breaker, budget and bulkhead take no lock (atomics)")
     region = fb.SharedRegion(name)
     b = region.breaker("up", failure_threshold=3)
     bh = region.bulkhead("bh", 2)
+    budget = region.retry_budget("rb")
     assert bh.try_acquire()
     child = Stopped(ss.hold_lock, fb.impl, name, what)
     try:
@@ -182,6 +183,9 @@ def test_a_stopped_holder_of_a_record_lock_stalls_no_one(
             within(0.5, b.record_failure)
             with pytest.raises(fb.SharedStateTimeout):
                 within(0.5, b.trip)
+        elif what == "budget":
+            assert not within(1.0, budget.allow_retry)  # refused, never waits
+            within(0.5, budget.record_success)  # the deposit is dropped
         else:
             assert not within(1.0, bh.try_acquire)  # refused, never waits
             with pytest.raises(fb.BulkheadFullError):
@@ -193,6 +197,8 @@ def test_a_stopped_holder_of_a_record_lock_stalls_no_one(
     if what == "bulkhead":
         assert bh.in_flight == 0 and bh.try_acquire() and bh.try_acquire()
         assert not bh.try_acquire()
+    elif what == "budget":
+        assert budget.tokens == 100 and budget.allow_retry()
     else:
         b.trip()
         assert b.state == fb.State.OPEN
