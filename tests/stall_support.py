@@ -56,3 +56,33 @@ def stall_in_trip(core: str, name: str, conn: Any) -> None:
     mod._test_stall_in_claim(conn.fileno())
     b.trip()
     raise AssertionError("the stalled transition returned")
+
+
+def hammer(core: str, name: str, seconds: float, me: int, counts: Any, conn: Any) -> None:
+    """Keys of a small shared map (evictions take its lock), a shared breaker's outcomes and
+    now and then a reset(), for ``seconds``; ``counts[me]`` is the operations done so far."""
+    import random
+    import time
+
+    from fastbreaker import SharedStateTimeout
+
+    r = region(core, name)
+    b = r.breaker("up", failure_threshold=3)
+    m = r.breaker_map("m", capacity=4)
+    rng = random.Random(me)
+    os.write(conn.fileno(), b"x")
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        key = f"k{rng.randrange(16)}"
+        if m.allow(key):
+            m.record_failure(key) if rng.random() < 0.3 else m.record_success(key)
+        if b.allow():
+            b.record_failure() if rng.random() < 0.2 else b.record_success()
+        if n % 50 == 0:
+            try:
+                b.reset()
+            except SharedStateTimeout:
+                pass
+        n += 1
+        counts[me] = n

@@ -204,6 +204,50 @@ def test_a_stopped_holder_of_a_record_lock_stalls_no_one(
         assert b.state == fb.State.OPEN
 
 
+@pytest.mark.slow
+def test_hammering_workers_go_on_while_one_is_stopped_again_and_again(
+    fb: types.SimpleNamespace, name: str
+) -> None:
+    """The issue's soak, small: 4 workers on a small shared map and a breaker, one stopped 5
+    times for 0.3 s (the default bounds: 100 ms); every other one makes progress each time."""
+    region = fb.SharedRegion(name)
+    region.breaker("up", failure_threshold=3)
+    region.breaker_map("m", capacity=4)
+    ctx = multiprocessing.get_context("fork")
+    counts = ctx.Array("q", 4, lock=False)
+    procs, pipes = [], []
+    for me in range(4):
+        reader, writer = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=ss.hammer, args=(fb.impl, name, 3.0, me, counts, writer))
+        p.start()
+        writer.close()
+        procs.append(p)
+        pipes.append(reader)
+    faulthandler.dump_traceback_later(60, exit=True)
+    try:
+        for reader in pipes:
+            assert reader.poll(30) and os.read(reader.fileno(), 1) == b"x"
+        stopped = procs[0].pid
+        assert stopped is not None
+        for _ in range(5):
+            time.sleep(0.1)  # a soak: the stops land at arbitrary points of worker 0's loop
+            os.kill(stopped, signal.SIGSTOP)
+            before = list(counts)
+            time.sleep(0.3)
+            after = list(counts)
+            os.kill(stopped, signal.SIGCONT)
+            assert all(after[i] > before[i] for i in range(1, 4)), (before, after)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        for p in procs:
+            assert p.pid is not None
+            os.kill(p.pid, signal.SIGCONT)
+            p.join(30)
+        for reader in pipes:
+            reader.close()
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+
+
 # -- item 3: an owner survives pid reuse ---------------------------------------------------------------
 def _block(region: Any, obj: str) -> memoryview:
     """The state block of object ``obj`` in the region (its directory entry's offset)."""
