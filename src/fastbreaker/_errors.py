@@ -44,8 +44,8 @@ class SharedStateTimeout(BreakerError, TimeoutError):
     than the bound: that process is alive but stopped (``SIGSTOP``, a debugger) or stuck.
 
     Raised by what must change the state and cannot wait: ``trip()``, ``reset()`` and
-    ``isolate()`` of a shared breaker, and creating objects in a region. Nothing changed; the
-    call may be retried. Admission never raises it (see docs/shared-memory.md).
+    ``isolate()`` of a shared breaker, and opening a region or making objects in it. Nothing
+    changed; the call may be retried. Admission never raises it (see the shared-memory page).
     """
 
 
