@@ -1731,6 +1731,9 @@ cdef class CircuitBreaker:
     def reset(self):
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
         fire(self, manual(&self.st, S_CLOSED, episode_end(self)))
+        cdef extra_t *x = x_of(&self.st)
+        if x != NULL:
+            fb_store_rlx(&x.fleet_gen, 0)  # a fleet fence pushed far ahead must not outlive it
 
     # -- inspection --------------------------------------------------------------------------------
     @property

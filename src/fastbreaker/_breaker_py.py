@@ -1002,6 +1002,7 @@ class CircuitBreaker:
         now = self._now() if was_open else 0
         with self._lock:
             self._level = 0
+            self._fleet_gen = 0  # a fleet fence pushed far ahead must not outlive a reset
             trans = self._enter(CLOSED, now)
         self._fire(trans)
 
@@ -1167,7 +1168,7 @@ class CircuitBreaker:
 
         * ``fleet_gen`` is greater than the last applied fleet generation (0 at first, so
           ``fleet_gen=0`` only reads): old news and duplicates are ignored, and the breaker's
-          fleet generation only ever moves forward;
+          fleet generation only ever moves forward, until ``reset()`` sets it back to 0;
         * ``local_gen`` is negative or equals the current local generation: when the
           coordinator read the breaker at ``local_gen`` and a local transition happened since,
           the apply is stale, like the outcome of a call admitted before a transition, and
