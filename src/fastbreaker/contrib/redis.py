@@ -18,20 +18,31 @@ map it holds::
 
 The semantics, stated once:
 
-* **Counts, not verdicts.** Each sync adds the outcomes counted locally since the previous sync
-  to time buckets of the fleet (``fleet_window`` seconds in 10 buckets, timed by the server's
-  ``TIME``). The fleet breaker opens when, over that window, at least ``min_calls`` outcomes were
-  reported with a failure share of at least ``failure_rate`` (the breaker's own options, whatever
-  its local window mode; slow calls count as successes), and at least ``min_instances``
-  instances reported failures. One sick instance is diluted by the healthy ones, while its own
-  breaker still protects it. A fleet transition to CLOSED starts a fresh window.
-* **Fencing.** Every fleet transition gets a new fleet generation (``max(gen + 1, server ms)``,
-  so that generations keep growing after the server lost its data). The fleet's state enters a
-  local breaker only through ``CircuitBreaker._fleet``, which applies a generation only if it is
-  newer than the last one applied, and only if the breaker made no local transition since the
-  coordinator read it: replies that arrive late, twice or out of order never move it backwards.
-  A fleet CLOSED closes only a breaker whose current state the fleet put there: a breaker that
-  opened on its own (a sick instance) recovers on its own.
+* **Nodes, and the fleet rule.** An instance's node is its ``instance_id`` up to the first
+  ``:`` (by default the host, so a restarted process is the same node). Each sync adds the
+  outcomes counted locally since the previous sync to time buckets of the fleet
+  (``fleet_window`` seconds in 10 buckets, timed by the server's ``TIME``) and tells whether the
+  local breaker is tripped on its own. The fleet breaker opens on evidence from at least
+  ``min_instances`` nodes (default 2) that are also at least ``failure_rate`` of the nodes that
+  reported it within the window: nodes whose own breaker is tripped (a recent local OPEN
+  verdict), or nodes reporting failures while the window's counts reach ``min_calls`` with a
+  failure share of at least ``failure_rate`` (the breaker's own options; slow calls count as
+  successes). One sick node never opens the fleet for the others, while its own breaker still
+  protects it; an outage every node sees opens it within two syncs. A fleet transition to
+  CLOSED starts a fresh window.
+* **Fencing.** Every fleet transition gets a new fleet generation (``max(gen + 1, server
+  ms)``). The coordinator applies a generation only if it is newer than the last it applied
+  (or grants new leases), through ``CircuitBreaker._fleet``, which applies it only if the
+  breaker made no local transition since the coordinator read it: replies that arrive late,
+  twice or out of order never move it backwards, and ``reset()`` wins over a fleet state
+  already applied. A fleet CLOSED closes only a breaker whose current state the fleet put
+  there: a breaker that opened on its own (a sick instance) recovers on its own.
+  ``reset(name, key)`` closes a breaker fleet-wide at the next sync.
+* **Nothing read from Redis is trusted.** A malformed entry (record, version, bucket, pool, a
+  key of the wrong type) skips only its own key, map, breaker or budget (counted in
+  ``malformed``, logged once); a generation more than 10 minutes ahead of the server's clock is
+  malformed; a fleet open period is cut to the breaker's longest. A server that lost its data
+  restarts its generations, maybe behind: that is detected (``data_losses``) and applied.
 * **Clocks.** The open period reaches each process as a remaining duration, converted to the
   breaker's own clock. A breaker the fleet holds OPEN stays OPEN for that duration plus a *hold*
   of ``max(reset_timeout, 2 * interval + sync_timeout)``, renewed by every sync that brings a new
@@ -752,7 +763,7 @@ class FleetCoordinator:
 
 def _max_open_ms(options: Any) -> int:
     """The breaker's longest open period, in ms: the most the fleet may hold it OPEN."""
-    return max(1, max(options.reset_ns, options.max_reset_ns) // 1_000_000)
+    return max(1, int(max(options.reset_ns, options.max_reset_ns)) // 1_000_000)
 
 
 def _is_async_client(client: Any) -> bool:
