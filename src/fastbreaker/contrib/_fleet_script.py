@@ -8,7 +8,8 @@ SCRIPT = r"""
 --   open_ms, lease_ms, max_open_ms, then n entries of key, successes, failures, want (leases
 --   wanted), flags (1: the instance's own breaker is tripped, 2: reset the key fleet-wide).
 -- then per budget (the last KEYS): the local change in token units, capacity in units.
--- Reply per group: {version, {key, state, gen, remaining_ms, leases, ...}, {malformed...}, lost};
+-- Reply per group: {version, {key, state, gen, remaining_ms, leases, ...}, {malformed...}, epoch}
+-- (the epoch names the group's data: a new one when the server lost it);
 -- then per budget: this instance's share of the fleet's pool in units (-1: malformed pool).
 -- State record (hash <p>:st, field key): "state gen until probe_ok"; CLOSED keys have none.
 -- Generations: max(gen + 1, now_ms), so they keep growing if the server loses its data.
@@ -60,7 +61,15 @@ for g = 1, ngroups do
   local stkey = p .. ':st'
   local idx = p .. ':o'
   local version = nil
-  if typed(p .. ':v', 'string') then
+  local epoch = false
+  if typed(p .. ':e', 'string') then
+    epoch = redis.call('GET', p .. ':e')
+    if not epoch then
+      epoch = tostring(now)
+      redis.call('SET', p .. ':e', epoch)
+    end
+  end
+  if epoch and typed(p .. ':v', 'string') then
     local vraw = redis.call('GET', p .. ':v')
     version = 0
     if vraw then
@@ -69,12 +78,10 @@ for g = 1, ngroups do
   end
   if version == nil or version < 0 or not typed(stkey, 'hash') or not typed(idx, 'zset') then
     -- the group's own keys are malformed: this group is skipped, the others go on
-    out[#out + 1] = { since, {}, { '' }, 0 }
+    out[#out + 1] = { since, {}, { '' }, '' }
   else
-  local lost = 0
   if since > version then
     since = 0 -- the server lost its data: everything is news
-    lost = 1
   end
   local res = {}
   local bad = {}
@@ -322,7 +329,7 @@ for g = 1, ngroups do
     end
   end
   redis.call('SET', p .. ':v', version)
-  out[#out + 1] = { version, res, bad, lost }
+  out[#out + 1] = { version, res, bad, epoch }
   end
 end
 

@@ -214,7 +214,7 @@ class _Budget:
 class _Group:
     """One hash tag: a standalone breaker (one key) or a map."""
 
-    __slots__ = ("tag", "options", "keys", "since", "breaker", "map", "resets")
+    __slots__ = ("tag", "options", "keys", "since", "breaker", "map", "resets", "epoch")
 
     def __init__(self, tag: str, options: Any, breaker: Any = None, bmap: Any = None) -> None:
         self.tag = tag
@@ -224,6 +224,7 @@ class _Group:
         self.keys: dict[str, _Key] = {}
         self.since = 0
         self.resets: set[str] = set()  # fleet resets asked for, sent until a sync succeeds
+        self.epoch = ""  # names the group's data in Redis: a new one when the server lost it
 
     def items(self) -> list[tuple[str, Any]]:
         if self.breaker is not None:
@@ -663,11 +664,14 @@ class FleetCoordinator:
                 group.budget._fleet(share - group.read)
                 group.level = share
                 continue
-            version, entries, bad, lost = reply
+            version, entries, bad, epoch = reply
             for key in bad:
                 self._bad(group.tag, _text(key))
-            if int(lost) and group.since:
-                self._lost(group)
+            epoch = _text(epoch)
+            if epoch:
+                if group.epoch and epoch != group.epoch:
+                    self._lost(group)
+                group.epoch = epoch
             group.since = int(version)
             group.resets.clear()
             for i in range(0, len(entries), 5):
