@@ -331,3 +331,24 @@ def test_an_outage_one_node_sees_never_opens_the_others(
             node.sync()
     assert record(server, ns, "db") is None
     assert [n.map["db"].state for n in nodes[1:]] == [State.CLOSED] * 3
+
+
+def test_sync_once_never_raises(
+    fb: types.SimpleNamespace,
+    server: RedisServer,
+    ns: str,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever fails while a reply is applied, the sync is counted as failed, not raised."""
+    node = fleet(fb, server, ns, clock, 1)[0]
+    node.ok("db", 1)
+
+    def broken(*args: Any) -> int:
+        raise OverflowError("Python int too large to convert to C int64_t")
+
+    monkeypatch.setattr(node.coord, "_apply", broken)
+    report = node.coord.sync_once()
+    assert not report.ok and "OverflowError" in (report.error or "")
+    m = node.coord.metrics()
+    assert m.fleet_sync_failures == 1 and m.fleet_degraded
