@@ -622,19 +622,20 @@ class CircuitBreaker:
         # latency histogram: a count per bound, the overflow count, then the sum in ns
         self._lat = [0] * (len(opts.latency_bounds_ns) + 2) if opts.timed else None
 
-    def _recycle(self, info_ok: bool, in_flight_ok: bool) -> Optional[Metrics]:
+    def _recycle(self, info_ok: bool, in_flight_ok: bool, force: bool = False) -> Optional[Metrics]:
         """A shared map's eviction: if the breaker is CLOSED (and, unless allowed, carries no
         information and has no call in flight), reset its state to a fresh CLOSED breaker of the
         next generation (so permits still out are stale) and return its metrics from before;
-        else None. Refused too when a call reached it between the snapshot and the reset."""
+        else None. Refused too when a call reached it between the snapshot and the reset.
+        ``force``: reset it whatever its state (a slot left half-written by a killed writer)."""
         if not is_shared(self):
             raise TypeError("only a breaker in a SharedRegion is recycled")
         m = self.metrics()
         done = m.successes + m.failures + m.ignored + m.stale
         idle = m.consecutive_failures == 0 and not m.failure_rate and not m.slow_call_rate
-        if m.state != CLOSED or (not in_flight_ok and m.permitted > done):
+        if not force and (m.state != CLOSED or (not in_flight_ok and m.permitted > done)):
             return None
-        if not info_ok and not idle:
+        if not force and not info_ok and not idle:
             return None
         with self._lock:
             seen = (
@@ -643,7 +644,7 @@ class CircuitBreaker:
                 self._rejected,
                 self._successes + self._failures + self._ignored + self._stale,
             )
-            if seen != (CLOSED, m.permitted, m.rejected, done):
+            if seen != (m.state, m.permitted, m.rejected, done):
                 return None
             lock, gen = self._lock, self._gen
             self._setup(self._config, self._label)
