@@ -147,11 +147,29 @@ class _SharedState:
         self._lock.__enter__()  # the RecordLock (it retries a spurious EDEADLK)
         try:
             data = self._record.load()
-            self._layout.load(self._owner(), data)
+            try:
+                self._layout.load(self._owner(), data)
+            except (ValueError, IndexError, struct.error) as exc:
+                raise self._corrupted(exc) from exc
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
         self._loaded = data
+
+    def _corrupted(self, exc: Exception) -> RuntimeError:
+        """The error for a record that no whole write can have left (memory written by
+        something else): it names the region and the object."""
+        from ._region import region_of
+
+        owner = self._owner()
+        label = getattr(owner, "_label", None) or getattr(owner, "_name", None)
+        what = type(owner).__name__.lstrip("_") + (f" {label!r}" if label is not None else "")
+        region = region_of(self._lock)
+        return RuntimeError(
+            f"the state of the shared {what} in the shared region {region!r} is corrupted "
+            f"({exc}): something other than fastbreaker wrote to the segment. Recreate the "
+            f"region: SharedRegion.unlink_name({region!r}) once no process uses it"
+        )
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -198,6 +216,8 @@ _FIELDS = (
     "_timeouts",
 )
 _SCALARS = struct.Struct(f"<{1 + len(_FIELDS)}q")
+# the fields that a whole record never holds below 0 (the times may be, with a user's clock)
+_COUNTS = frozenset(_FIELDS) - {"_since_ns", "_last", "_open_from", "_fleet_gen"}
 
 
 class _BreakerLayout:
@@ -223,8 +243,14 @@ class _BreakerLayout:
 
     def load(self, b: "CircuitBreaker", data: bytes) -> None:
         state, *values = _SCALARS.unpack_from(data)
+        if not 0 <= state < len(_STATES):
+            raise ValueError(f"state {state} is not one of 0-{len(_STATES) - 1}")
         for field, value in zip(_FIELDS, values):
+            if value < 0 and field in _COUNTS:
+                raise ValueError(f"{field[1:]} is {value}, below 0")
             setattr(b, field, value)
+        if self._window and max(b._rec, b._fail, b._slow) > self._window:
+            raise ValueError(f"the window counts more outcomes than its {self._window} slots")
         b._state = _STATES[state]
         at = _SCALARS.size
         if self._window:

@@ -402,6 +402,7 @@ def _find(m: Any, raw: bytes) -> Optional[tuple[int, int]]:
     """The key's ``(slot, tag)``; under the lock, after repairs, when a slot being rewritten
     (or left half-written) was on its path."""
     table = m._table
+    found: Optional[tuple[int, int]]
     found, odd = table.lookup(raw)
     if odd:
         with table.lock:
