@@ -252,3 +252,44 @@ def test_random_kills_of_hammering_writers_leave_a_working_map(
     assert odd_tags(m) == []
     mm = m.metrics()
     assert mm.keys == CAP and mm.open == m._group.open == 0, mm
+
+
+PROBED: dict[str, Any] = dict(
+    failure_threshold=1, reset_timeout=10, max_reset_timeout=40, probe_timeout=5
+)
+
+
+def probe_and_die(core: str, name: str, clock: Any) -> None:
+    """Take the shared breaker's one probe, then die without reporting it."""
+    assert rs.region(core, name, clock).breaker("up", **PROBED).allow()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_probe_lost_with_its_process_counts_as_failed_and_backs_off(
+    fb: types.SimpleNamespace, name: str, clock: rs.SharedClock
+) -> None:
+    # The rule stated in docs/semantics.md and the gunicorn example's README: the other
+    # processes wait probe_timeout, then the lost probe re-opens with the next open period.
+    region = fb.SharedRegion(name, clock=clock)
+    b = region.breaker("up", **PROBED)
+    assert b.allow()
+    b.record_failure()
+    assert b.retry_after == 10
+    for period in (20, 40, 40):  # doubled on each lost probe, up to max_reset_timeout
+        clock.advance(b.retry_after)
+        p = multiprocessing.get_context("fork").Process(
+            target=probe_and_die, args=(fb.impl, name, clock)
+        )
+        p.start()
+        p.join(60)
+        assert p.exitcode == -signal.SIGKILL
+        assert b.state == fb.State.HALF_OPEN and not b.allow()
+        clock.advance(4.9)
+        assert not b.allow() and b.state == fb.State.HALF_OPEN  # it may still answer
+        clock.advance(0.1)
+        assert not b.allow() and b.state == fb.State.OPEN
+        assert b.retry_after == period
+    clock.advance(40)
+    assert b.allow()
+    b.record_success()
+    assert b.state == fb.State.CLOSED
