@@ -217,7 +217,7 @@ _FIELDS = (
 )
 _SCALARS = struct.Struct(f"<{1 + len(_FIELDS)}q")
 # the fields that a whole record never holds below 0 (the times may be, with a user's clock)
-_COUNTS = frozenset(_FIELDS) - {"_since_ns", "_last", "_open_from", "_fleet_gen"}
+_COUNTS = frozenset(_FIELDS) - {"_since_ns", "_last", "_open_from", "_fleet_gen", "_inflight"}
 
 
 class _BreakerLayout:
