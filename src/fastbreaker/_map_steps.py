@@ -340,11 +340,12 @@ def _repair(m: Any, table: Any, raw: bytes) -> None:
     for slot in table.odd_slots(raw):
         tag = table.tag(slot)
         key = table.whole_key(slot)
-        if tag == 1:  # killed in the slot's first assignment, which was not counted yet
-            table.count_assigned()
-            m._group.add_size(1)
+        counted = tag != 1  # 1: killed in the slot's first assignment, not counted yet
         if key is not None and table.find(key) is None:
             table.restore_tag(slot, tag + 1)  # a whole key, nowhere else: it keeps its breaker
+            if not counted:
+                table.count_assigned()
+                m._group.add_size(1)
             continue
         # Half written, or a leftover copy of a key that lives on in another slot: reset its
         # breaker whatever its state (its group count is the map's, the probe has none).
@@ -355,8 +356,9 @@ def _repair(m: Any, table: Any, raw: bytes) -> None:
             m._group.add_open(-1)
         if before.permitted or before.rejected:  # a fresh breaker has nothing to count
             table.add_evicted(before)
-        table.count_assigned(-1)
-        m._group.add_size(-1)
+        if counted:
+            table.count_assigned(-1)
+            m._group.add_size(-1)
         table.empty(slot)
 
 
