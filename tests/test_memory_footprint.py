@@ -15,7 +15,6 @@ import tracemalloc
 from typing import Any, Callable
 
 import pytest
-
 from memory_support import not_on_free_threading
 
 N = 10_000

@@ -40,6 +40,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--plot", metavar="PATH", help="also draw the table as a PNG bar chart (needs matplotlib)"
     )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print how each cell is measured and each system driven (above the tables)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument(
         "--check-targets",
@@ -85,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(format_markdown(result) if args.markdown else format_text(result))
+        fmt = format_markdown if args.markdown else format_text
+        print(fmt(result, verbose=args.verbose))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(result, fh, indent=2)
