@@ -2,7 +2,7 @@
 
 pybreaker, circuitbreaker, aiobreaker and purgatory (``pip install 'fastbreaker[bench]'``) are
 each driven through their documented API; fastbreaker's rows use the core the selector picked
-and the twin. What each column means is in ``notes`` (printed under the table).
+and the twin. What each column means is in ``notes`` (printed with ``--verbose``).
 """
 
 from __future__ import annotations
