@@ -123,7 +123,9 @@ def test_min_instances_needs_failures_from_that_many_instances(
 def test_standalone_breakers_are_matched_by_name(
     fb: types.SimpleNamespace, server: RedisServer, ns: str
 ) -> None:
-    coords = [FleetCoordinator(server.client(), namespace=ns) for _ in range(2)]
+    coords = [
+        FleetCoordinator(server.client(), namespace=ns, instance_id=f"node{i}:1") for i in range(2)
+    ]
     breakers = [fb.CircuitBreaker(100, 30.0, name="pay", min_calls=4) for _ in range(2)]
     other = fb.CircuitBreaker(100, 30.0, name="other", min_calls=4)
     coords[0].add_breaker(breakers[0])

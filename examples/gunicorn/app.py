@@ -44,6 +44,9 @@ UPSTREAM = os.environ.get("UPSTREAM", "http://127.0.0.1:8081")
 REGION_NAME = os.environ.get("FB_REGION", "fastbreaker-gunicorn-example")
 FAILURE_THRESHOLD = 5
 RESET_TIMEOUT = 60.0
+# A probe cannot take longer than UPSTREAM_TIMEOUT: one still out after 5 s was lost (its worker
+# died) and counts as failed, instead of holding the probe for reset_timeout (the default).
+PROBE_TIMEOUT = 5.0
 UPSTREAM_TIMEOUT = 2.0
 
 _upstream = urlsplit(UPSTREAM)
@@ -90,6 +93,7 @@ def breaker_for(host: str) -> fastbreaker.CircuitBreaker:
                     f"upstream:{host}",
                     failure_threshold=FAILURE_THRESHOLD,
                     reset_timeout=RESET_TIMEOUT,
+                    probe_timeout=PROBE_TIMEOUT,
                 )
                 _breakers[host] = breaker
     return breaker

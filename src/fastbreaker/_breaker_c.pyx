@@ -1504,11 +1504,12 @@ cdef class CircuitBreaker:
         laid it out); ``lock`` is for the twin, which needs one."""
         return attach_shared(config, label, view)
 
-    def _recycle(self, bint info_ok, bint in_flight_ok):
+    def _recycle(self, bint info_ok, bint in_flight_ok, bint force=False):
         """A shared map's eviction: under a claim, if the breaker is CLOSED (and, unless
         allowed, carries no information and has no call in flight), reset its block to a fresh
         CLOSED breaker of the next generation (so permits still out are stale) and return its
-        metrics from before; else None."""
+        metrics from before; else None. ``force``: whatever its state (a slot left
+        half-written by a killed writer)."""
         cdef core_t *b = &self.st
         cdef int64_t w, gen, hi
         cdef config_t *c = live(self)
@@ -1516,7 +1517,7 @@ cdef class CircuitBreaker:
         if not is_shared(b):
             raise TypeError("only a breaker in a SharedRegion is recycled")
         w = fb_load_acq(&b.s.word)
-        if (w & (ST_MASK | BUSY)) != S_CLOSED or not claim_cas(b, &w):
+        if w & BUSY or (not force and (w & ST_MASK) != S_CLOSED) or not claim_cas(b, &w):
             return None
         try:
             m = self.metrics()
@@ -1525,7 +1526,7 @@ cdef class CircuitBreaker:
             raise
         done = m.successes + m.failures + m.ignored + m.stale
         idle = m.consecutive_failures == 0 and not m.failure_rate and not m.slow_call_rate
-        if (not in_flight_ok and m.permitted > done) or (not info_ok and not idle):
+        if not force and ((not in_flight_ok and m.permitted > done) or (not info_ok and not idle)):
             fb_store_rel(&b.s.word, w)
             return None
         gen = (w_gen(w) + 1) & GEN_MASK
@@ -1771,6 +1772,9 @@ cdef class CircuitBreaker:
     def reset(self):
         """Back to CLOSED with an empty window, no consecutive failures and no backoff."""
         fire(self, manual(&self.st, S_CLOSED, episode_end(self)))
+        cdef extra_t *x = x_of(&self.st)
+        if x != NULL:
+            fb_store_rlx(&x.fleet_gen, 0)  # a fleet fence pushed far ahead must not outlive it
 
     # -- inspection --------------------------------------------------------------------------------
     @property

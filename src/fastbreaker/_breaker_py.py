@@ -147,11 +147,29 @@ class _SharedState:
         self._lock.__enter__()  # the RecordLock (it retries a spurious EDEADLK)
         try:
             data = self._record.load()
-            self._layout.load(self._owner(), data)
+            try:
+                self._layout.load(self._owner(), data)
+            except (ValueError, IndexError, struct.error) as exc:
+                raise self._corrupted(exc) from exc
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
         self._loaded = data
+
+    def _corrupted(self, exc: Exception) -> RuntimeError:
+        """The error for a record that no whole write can have left (memory written by
+        something else): it names the region and the object."""
+        from ._region import region_of
+
+        owner = self._owner()
+        label = getattr(owner, "_label", None) or getattr(owner, "_name", None)
+        what = type(owner).__name__.lstrip("_") + (f" {label!r}" if label is not None else "")
+        region = region_of(self._lock)
+        return RuntimeError(
+            f"the state of the shared {what} in the shared region {region!r} is corrupted "
+            f"({exc}): something other than fastbreaker wrote to the segment. Recreate the "
+            f"region: SharedRegion.unlink_name({region!r}) once no process uses it"
+        )
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -198,6 +216,8 @@ _FIELDS = (
     "_timeouts",
 )
 _SCALARS = struct.Struct(f"<{1 + len(_FIELDS)}q")
+# the fields that a whole record never holds below 0 (the times may be, with a user's clock)
+_COUNTS = frozenset(_FIELDS) - {"_since_ns", "_last", "_open_from", "_fleet_gen", "_inflight"}
 
 
 class _BreakerLayout:
@@ -223,8 +243,14 @@ class _BreakerLayout:
 
     def load(self, b: "CircuitBreaker", data: bytes) -> None:
         state, *values = _SCALARS.unpack_from(data)
+        if not 0 <= state < len(_STATES):
+            raise ValueError(f"state {state} is not one of 0-{len(_STATES) - 1}")
         for field, value in zip(_FIELDS, values):
+            if value < 0 and field in _COUNTS:
+                raise ValueError(f"{field[1:]} is {value}, below 0")
             setattr(b, field, value)
+        if self._window and max(b._rec, b._fail, b._slow) > self._window:
+            raise ValueError(f"the window counts more outcomes than its {self._window} slots")
         b._state = _STATES[state]
         at = _SCALARS.size
         if self._window:
@@ -622,19 +648,20 @@ class CircuitBreaker:
         # latency histogram: a count per bound, the overflow count, then the sum in ns
         self._lat = [0] * (len(opts.latency_bounds_ns) + 2) if opts.timed else None
 
-    def _recycle(self, info_ok: bool, in_flight_ok: bool) -> Optional[Metrics]:
+    def _recycle(self, info_ok: bool, in_flight_ok: bool, force: bool = False) -> Optional[Metrics]:
         """A shared map's eviction: if the breaker is CLOSED (and, unless allowed, carries no
         information and has no call in flight), reset its state to a fresh CLOSED breaker of the
         next generation (so permits still out are stale) and return its metrics from before;
-        else None. Refused too when a call reached it between the snapshot and the reset."""
+        else None. Refused too when a call reached it between the snapshot and the reset.
+        ``force``: reset it whatever its state (a slot left half-written by a killed writer)."""
         if not is_shared(self):
             raise TypeError("only a breaker in a SharedRegion is recycled")
         m = self.metrics()
         done = m.successes + m.failures + m.ignored + m.stale
         idle = m.consecutive_failures == 0 and not m.failure_rate and not m.slow_call_rate
-        if m.state != CLOSED or (not in_flight_ok and m.permitted > done):
+        if not force and (m.state != CLOSED or (not in_flight_ok and m.permitted > done)):
             return None
-        if not info_ok and not idle:
+        if not force and not info_ok and not idle:
             return None
         with self._lock:
             seen = (
@@ -643,7 +670,7 @@ class CircuitBreaker:
                 self._rejected,
                 self._successes + self._failures + self._ignored + self._stale,
             )
-            if seen != (CLOSED, m.permitted, m.rejected, done):
+            if seen != (m.state, m.permitted, m.rejected, done):
                 return None
             lock, gen = self._lock, self._gen
             self._setup(self._config, self._label)
@@ -1002,6 +1029,7 @@ class CircuitBreaker:
         now = self._now() if was_open else 0
         with self._lock:
             self._level = 0
+            self._fleet_gen = 0  # a fleet fence pushed far ahead must not outlive a reset
             trans = self._enter(CLOSED, now)
         self._fire(trans)
 
@@ -1167,7 +1195,7 @@ class CircuitBreaker:
 
         * ``fleet_gen`` is greater than the last applied fleet generation (0 at first, so
           ``fleet_gen=0`` only reads): old news and duplicates are ignored, and the breaker's
-          fleet generation only ever moves forward;
+          fleet generation only ever moves forward, until ``reset()`` sets it back to 0;
         * ``local_gen`` is negative or equals the current local generation: when the
           coordinator read the breaker at ``local_gen`` and a local transition happened since,
           the apply is stale, like the outcome of a call admitted before a transition, and

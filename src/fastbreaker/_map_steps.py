@@ -294,9 +294,10 @@ def _shared_new(m: Any, key: Any) -> Any:
             if table.tag(slot) == tag:
                 return breaker  # another thread bound it while we waited for the lock
             del m._d[key]
-        found = table.find(raw)
-        if found is None:
+        found, odd = table.lookup(raw)
+        if found is None or odd:
             with table.lock:
+                _repair(m, table, raw)
                 found = table.find(raw)
                 if found is None:
                     found = _shared_insert(m, table, raw)
@@ -308,20 +309,13 @@ def _shared_new(m: Any, key: Any) -> Any:
 def _shared_insert(m: Any, table: Any, raw: bytes) -> Optional[tuple[int, int]]:
     """Under the table's lock: a slot for a new key, by BreakerMap's eviction rules when the
     table is full; None when every slot holds a breaker that may not be evicted."""
-    slot = table.free_slot(raw)
+    slot = table.open_slot(raw)  # never assigned, or emptied by _repair
     if slot is not None:
-        tag = table.assign(raw, slot)  # its block is a fresh breaker since the map was made
+        tag = table.assign(raw, slot)  # its block is a fresh breaker
         table.count_assigned()
         m._group.add_size(1)
         return slot, tag
     order = table.probe_order(raw)
-    # A slot left mid-rewrite (odd tag) by a writer that died is anybody's.
-    for slot in order:
-        if table.tag(slot) & 1:
-            before = _probe(m, slot)._recycle(True, True)
-            if before is not None:
-                table.add_evicted(before)
-                return slot, table.assign(raw, slot)
     # Then BreakerMap's tiers: no information and no call in flight; any CLOSED without a call
     # in flight; any CLOSED (the outcomes still out go stale).
     for info_ok, in_flight_ok in ((False, False), (True, False), (True, True)):
@@ -338,6 +332,34 @@ def _shared_insert(m: Any, table: Any, raw: bytes) -> Optional[tuple[int, int]]:
             return slot, table.assign(raw, slot)
     table.count_untracked()
     return None
+
+
+def _repair(m: Any, table: Any, raw: bytes) -> None:
+    """Under the table's lock: repair the slots on the key's probe path that a writer killed
+    halfway left with an odd tag (see ``_region_map``), whatever their breakers' states."""
+    for slot in table.odd_slots(raw):
+        tag = table.tag(slot)
+        key = table.whole_key(slot)
+        counted = tag != 1  # 1: killed in the slot's first assignment, not counted yet
+        if key is not None and table.find(key) is None:
+            table.restore_tag(slot, tag + 1)  # a whole key, nowhere else: it keeps its breaker
+            if not counted:
+                table.count_assigned()
+                m._group.add_size(1)
+            continue
+        # Half written, or a leftover copy of a key that lives on in another slot: reset its
+        # breaker whatever its state (its group count is the map's, the probe has none).
+        before = _probe(m, slot)._recycle(True, True, True)
+        if before is None:
+            continue  # claimed by a transition now: the next writer tries again
+        if before.state != CLOSED:
+            m._group.add_open(-1)
+        if before.permitted or before.rejected:  # a fresh breaker has nothing to count
+            table.add_evicted(before)
+        if counted:
+            table.count_assigned(-1)
+            m._group.add_size(-1)
+        table.empty(slot)
 
 
 def _probe(m: Any, slot: int) -> Any:
@@ -361,7 +383,7 @@ def _shared_get(m: Any, key: Any) -> Any:
             slot, tag = breaker._bound()
             if m._table.tag(slot) == tag:
                 return breaker
-        found = m._table.find(raw)
+        found = _find(m, raw)
         if found is None:
             return None
         m._d.pop(key, None)
@@ -375,7 +397,20 @@ def _shared_contains(m: Any, key: object) -> bool:
         raw = encode_key(key)
     except (TypeError, ValueError):
         return False
-    return m._table.find(raw) is not None
+    return _find(m, raw) is not None
+
+
+def _find(m: Any, raw: bytes) -> Optional[tuple[int, int]]:
+    """The key's ``(slot, tag)``; under the lock, after repairs, when a slot being rewritten
+    (or left half-written) was on its path."""
+    table = m._table
+    found: Optional[tuple[int, int]]
+    found, odd = table.lookup(raw)
+    if odd:
+        with table.lock:
+            _repair(m, table, raw)
+            found = table.find(raw)
+    return found
 
 
 def _shared_breakers(m: Any) -> list[tuple[Any, Any]]:

@@ -274,6 +274,15 @@ class _Segment:
         return lock
 
 
+def region_of(lock: object) -> str:
+    """The name of the region whose ``RecordLock`` is ``lock`` (for errors), else "?"."""
+    fd = getattr(lock, "_fd", None)
+    for name, seg in list(_segments.items()):
+        if seg.fd == fd:
+            return name
+    return "?"
+
+
 FORCE_LOCK_FILE = False
 """Tests: lock a lock file beside the segment even where the segment itself can be locked (every
 process of the region must then set it: they must all lock the same file)."""
@@ -380,36 +389,112 @@ class _Mapping(shared_memory.SharedMemory):
             pass
 
 
-def _open(name: str, size: int, create: bool) -> tuple[shared_memory.SharedMemory, bool]:
-    kwargs: dict[str, Any] = {"track": False} if sys.version_info >= (3, 13) else {}
-    if create:
-        try:
-            shm = _Mapping(name, create=True, size=size, **kwargs)
-            _untrack(shm)
-            return shm, True
-        except FileExistsError:
-            pass
-    # Attach. The creator may not have sized the segment yet (it creates, then truncates): an
-    # empty segment is retried for a moment.
-    deadline = None
-    while True:
-        try:
-            shm = _Mapping(name, create=False, **kwargs)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"no shared region named {name!r}: create it first (create=True)"
-            ) from None
-        except ValueError:
-            import time
+def _open(
+    name: str, size: int, create: bool, trust_foreign: bool
+) -> tuple[shared_memory.SharedMemory, bool]:
+    import _posixshmem  # type: ignore[import-not-found]
 
-            now = time.monotonic()
-            deadline = deadline or now + 2.0
-            if now > deadline:
-                raise ValueError(f"the shared region {name!r} exists but is empty") from None
+    # Created (or found) and sized here, not by SharedMemory(create=True): its creator sizes the
+    # segment after creating it, so a creator killed in between leaves an empty segment that
+    # nobody could attach to. Here whoever finds it empty sizes it, under the lock that every
+    # process of the region takes on its first byte: a creator killed before sizing leaves a
+    # segment that the next process takes over, and a live one is never sized twice.
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    try:
+        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no shared region named {name!r}: create it first (create=True)"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not trust_foreign:
+            _check_owner(name, st)
+        if st.st_size == 0:
+            _size_empty(fd, name, size, create)
+        elif create and st.st_size < size:
+            raise ValueError(
+                f"the shared region {name!r} exists with {st.st_size} bytes, fewer than the "
+                f"size={size} asked: it is left over from a run with a smaller size; "
+                f"{_remove_hint(name)}, or ask for size={st.st_size}"
+            )
+    finally:
+        os.close(fd)  # this process holds no record lock on the segment yet: none is dropped
+    kwargs: dict[str, Any] = {"track": False} if sys.version_info >= (3, 13) else {}
+    shm = _Mapping(name, create=False, **kwargs)
+    _untrack(shm)
+    return shm, st.st_size == 0
+
+
+def _remove_hint(name: str) -> str:
+    """How to remove the segment ``name`` (once no process uses it)."""
+    hint = f"remove it once no process uses it: SharedRegion.unlink_name({name!r})"
+    if sys.platform.startswith("linux"):
+        hint += f" (or: rm /dev/shm/{name})"
+    return hint
+
+
+def _check_owner(name: str, st: os.stat_result) -> None:
+    """Refuse a segment that another user owns or may write: whoever can write it can trip,
+    isolate or reset every breaker in it through the public API."""
+    mode = st.st_mode & 0o777
+    if st.st_uid == os.geteuid() and not mode & 0o022:
+        return
+    try:
+        import pwd
+
+        owner = f"user {pwd.getpwuid(st.st_uid).pw_name!r} (uid {st.st_uid})"
+    except (ImportError, KeyError):
+        owner = f"uid {st.st_uid}"
+    raise PermissionError(
+        f"the shared memory segment {name!r} belongs to {owner} with mode {mode:04o}, and this "
+        f"process runs as uid {os.geteuid()}: a segment owned by another user, or writable by "
+        "group or others, lets them change every object in it. SharedRegion refuses it; "
+        f"{_remove_hint(name)}, or pass trust_foreign=True "
+        "if it is shared on purpose"
+    )
+
+
+def _size_empty(fd: int, name: str, size: int, create: bool) -> None:
+    """Size the empty segment ``fd`` to ``size`` bytes under its lock (see ``_open``); without
+    ``create``, wait a moment for its creator instead, then say what to do."""
+    import fcntl
+
+    lock_fd = fd
+    if FORCE_LOCK_FILE:
+        lock_fd = os.open(lock_file_path(name), os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + (2.0 if create else 0.5)
+    try:
+        while True:
+            try:
+                fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            except (BlockingIOError, PermissionError):
+                pass  # held by a process sizing or initialising it: try again
+            except OSError:
+                if lock_fd != fd:
+                    raise
+                # the segment cannot be locked here (macOS): its lock file
+                lock_fd = os.open(lock_file_path(name), os.O_RDWR | os.O_CREAT, 0o600)
+                continue
+            else:
+                try:
+                    if os.fstat(fd).st_size:
+                        return  # sized by another process meanwhile
+                    if create:
+                        os.ftruncate(fd, size)
+                        return
+                finally:
+                    fcntl.lockf(lock_fd, fcntl.LOCK_UN, 1, 0)
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"the shared region {name!r} exists but is empty: its creator died before "
+                    f"sizing it (or holds its lock). SharedRegion({name!r}, create=True) takes "
+                    f"it over; or {_remove_hint(name)}"
+                )
             time.sleep(0.001)
-            continue
-        _untrack(shm)
-        return shm, False
+    finally:
+        if lock_fd != fd:
+            os.close(lock_fd)
 
 
 class SharedRegion:
@@ -428,6 +513,13 @@ class SharedRegion:
     ``close()`` ends this region object; the segment is unmapped in this process once the
     objects it made are gone too. ``unlink()`` removes the segment's name (the processes that
     have it mapped keep it until they close it). Not available on Windows (``OSError``).
+
+    Leftovers and other users: an empty segment (its creator died before sizing it) is taken
+    over by ``create=True``. A segment smaller than the ``size`` asked with ``create=True`` is a
+    ``ValueError`` that says how to remove it (``SharedRegion.unlink_name(name)``). A segment
+    owned by another user, or writable by group or others, is a ``PermissionError`` naming its
+    owner and mode (whoever can write it can trip or isolate its breakers), unless
+    ``trust_foreign=True``.
     """
 
     _core = "python"
@@ -439,6 +531,7 @@ class SharedRegion:
         size: int = 1 << 20,
         create: bool = True,
         clock: Optional[Callable[[], int]] = None,
+        trust_foreign: bool = False,
     ) -> None:
         if sys.platform == "win32":
             raise OSError(
@@ -454,13 +547,16 @@ class SharedRegion:
             raise TypeError(f"create must be True or False, got {create!r}")
         if clock is not None and not callable(clock):
             raise TypeError(f"clock must be a zero-argument callable or None, got {clock!r}")
+        if not isinstance(trust_foreign, bool):
+            raise TypeError(f"trust_foreign must be True or False, got {trust_foreign!r}")
         self._name = name
         self._clock = clock
+        self._trust_foreign = trust_foreign
         self._closed = True
         with _segments_lock:
             seg = _segments.get(name)
             if seg is None:
-                shm, _ = _open(name, size, create)
+                shm, _ = _open(name, size, create, trust_foreign)
                 try:
                     seg = _Segment(shm, name)
                     with seg.dir_lock:
@@ -542,11 +638,19 @@ class SharedRegion:
     def unlink(self) -> None:
         """Remove the segment's name (``FileNotFoundError`` if it is already gone); processes
         that have it mapped keep using it."""
-        import _posixshmem  # type: ignore[import-not-found]
+        self.unlink_name(self._name)
 
-        _posixshmem.shm_unlink("/" + self._name)
+    @staticmethod
+    def unlink_name(name: str) -> None:
+        """Remove the segment named ``name`` without attaching to it (``FileNotFoundError`` if
+        there is none): a leftover that cannot be attached (one smaller than the ``size=``
+        asked, or another user's). Processes that have it mapped keep using it."""
+        import _posixshmem
+
+        _check_name(name, "name", REGION_NAME_MAX)
+        _posixshmem.shm_unlink("/" + name)
         try:
-            os.unlink(lock_file_path(self._name))
+            os.unlink(lock_file_path(name))
         except FileNotFoundError:
             pass
 
@@ -562,7 +666,7 @@ class SharedRegion:
 
     def __reduce__(self) -> Any:
         # A region crosses to a spawned process as its name: it attaches there.
-        return (_attach, (type(self)._core, self._name, self._clock))
+        return (_attach, (type(self)._core, self._name, self._clock, self._trust_foreign))
 
     # -- the directory ---------------------------------------------------------------------------
     def _entries(self) -> Iterator[tuple[int, bytes]]:
@@ -623,7 +727,8 @@ class SharedRegion:
                 raise ValueError(
                     f"the shared region {self._name!r} is too small for {_KIND_NAMES[kind]} "
                     f"{name!r}: it needs {end - cursor} more bytes and has {len(buf) - cursor} "
-                    f"free (size={len(buf)}); create the region with a larger size"
+                    f"free (size={len(buf)}); create the region with a larger size (first "
+                    f"{_remove_hint(self._name)})"
                 )
             init(buf[offset : offset + nbytes])
             buf[opts_at:end] = text
@@ -828,8 +933,8 @@ def region_class(core: str) -> type[SharedRegion]:
     return cls
 
 
-def _attach(core: str, name: str, clock: Any) -> SharedRegion:
-    return region_class(core)(name, create=False, clock=clock)
+def _attach(core: str, name: str, clock: Any, trust_foreign: bool = False) -> SharedRegion:
+    return region_class(core)(name, create=False, clock=clock, trust_foreign=trust_foreign)
 
 
 def default_class() -> type[SharedRegion]:

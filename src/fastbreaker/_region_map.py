@@ -17,8 +17,14 @@ Readers do not lock: a slot's tag is odd while a writer rewrites it and grows by
 assignment, so a reader that reads the same even tag before and after matching the key has a
 whole slot (a seqlock). A reader that finds no match, or an odd tag, takes the map's lock and
 looks again there, where writers (insertion, eviction) are serialised: the region's record
-lock, so a writer killed halfway releases it, and the slot it was rewriting keeps an odd tag
-until the next writer reassigns it (a key whose slot was half-written is looked up again).
+lock, so a writer killed halfway releases it.
+
+A writer killed between marking a slot and restoring its tag (or writing a new key) leaves the
+odd tag for good. Lookups look past an odd slot, and the next writer whose key's probe path
+crosses one repairs it under the lock, whatever its breaker's state (``_map_steps._repair``):
+a slot whose key is whole (its stored hash is the key's) gets an even tag back and keeps its
+breaker; a slot whose key was half written, or whose key is also in another slot, is emptied
+(hash 0, even tag: lookups go on past it, the next insertion takes it) and its breaker reset.
 
 A process caches ``key -> breaker`` bound to (slot, tag). Every keyed call checks that the
 slot's tag is still the bound one: an eviction by any process makes the others rebind the key
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from ._map_steps import _COUNTERS
@@ -143,19 +150,73 @@ class SharedTable:
     def find(self, raw: bytes) -> Optional[tuple[int, int]]:
         """``(slot, tag)`` of the key, without locking; None: absent or being rewritten (look
         again under the lock)."""
+        return self.lookup(raw)[0]
+
+    def lookup(self, raw: bytes) -> tuple[Optional[tuple[int, int]], bool]:
+        """``find(raw)``, and whether the key's probe path crossed a slot being rewritten (odd
+        tag): the answer is then worth a look under the lock, after ``odd_slots`` are repaired."""
         h = _hash(raw)
         cap = self.capacity
         home = h % cap
+        odd = False
         for i in range(cap):
             slot = (home + i) % cap
             tag, sh, key = self._slot_key(slot)
             if tag == 0 and sh == 0:
-                return None  # never assigned: the key is not further along
+                break  # never assigned: the key is not further along
             if tag & 1:
-                return None
+                odd = True  # being rewritten, or left so by a writer that died: look past it
+                continue
             if sh == h and key == raw:
-                return (slot, tag) if self.tag(slot) == tag else None
+                if self.tag(slot) == tag:
+                    return (slot, tag), odd
+                return None, True
+        return None, odd
+
+    def odd_slots(self, raw: bytes) -> list[int]:
+        """The slots with an odd tag on the key's probe path (under the lock: each was left so
+        by a writer that died)."""
+        out = []
+        for slot in self._path(raw):
+            if self.tag(slot) & 1:
+                out.append(slot)
+        return out
+
+    def whole_key(self, slot: int) -> Optional[bytes]:
+        """The key stored in ``slot`` if it is whole (its stored hash is its own), else None."""
+        at = self.slots_at + slot * SLOT_SIZE
+        h, n = struct.unpack_from("<qq", self.view, at)
+        if not 1 <= n <= KEY_MAX + 1:
+            return None
+        raw = bytes(self.view[at + 16 : at + 16 + n])
+        if raw[:1] not in (b"s", b"b") or _hash(raw) != h:
+            return None
+        return raw
+
+    def empty(self, slot: int) -> None:
+        """Under the lock, on a slot with an odd tag: no key (hash 0), even tag. Lookups go on
+        past it (its tag is not 0); ``open_slot`` hands it to the next new key."""
+        struct.pack_into("<qq", self.view, self.slots_at + slot * SLOT_SIZE, 0, 0)
+        self._put(TAGS_AT + slot * 8, self.tag(slot) + 1)
+
+    def open_slot(self, raw: bytes) -> Optional[int]:
+        """The first slot on the key's probe path that holds no key (never assigned, or
+        emptied), or None."""
+        for slot in self._path(raw):
+            tag, sh, _ = self._slot_key(slot)
+            if sh == 0 and not tag & 1:
+                return slot
         return None
+
+    def _path(self, raw: bytes) -> Iterator[int]:
+        """The key's probe path, up to and including its first never-assigned slot."""
+        cap = self.capacity
+        home = _hash(raw) % cap
+        for i in range(cap):
+            slot = (home + i) % cap
+            yield slot
+            if self.tag(slot) == 0:
+                return
 
     def keys(self) -> list[tuple[int, Any]]:
         """``(slot, key)`` of every assigned slot (a snapshot)."""
@@ -228,8 +289,8 @@ class SharedTable:
         cap = self.capacity
         return [(h % cap + i) % cap for i in range(cap)]
 
-    def count_assigned(self) -> None:
-        self._put(_H_ASSIGNED, self._get(_H_ASSIGNED) + 1)
+    def count_assigned(self, delta: int = 1) -> None:
+        self._put(_H_ASSIGNED, self._get(_H_ASSIGNED) + delta)
 
     def add_evicted(self, metrics: Any) -> None:
         self._put(_H_EVICTED, self._get(_H_EVICTED) + 1)

@@ -86,6 +86,7 @@ from .. import CircuitBreaker as _SelectedCore
 from .._errors import CircuitOpenError, State
 from .._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SUCCESS, BreakerOptions
 from .._permit import config as _core_config, options, permits
+from ._redis_io import BoundedRedis, check_timeout
 
 __all__ = (
     "CircuitBreaker",
@@ -304,12 +305,7 @@ class CircuitMemoryStorage(CircuitBreakerStorage):
         self._opened_at = value
 
 
-def _redis_error() -> tuple[type[BaseException], ...]:
-    try:
-        from redis.exceptions import RedisError
-    except ImportError:  # pragma: no cover - the storage is given a client, so redis exists
-        return ()
-    return (RedisError,)
+_FAILED = object()  # what a read gives when Redis failed
 
 
 class CircuitRedisStorage(CircuitBreakerStorage):
@@ -318,14 +314,20 @@ class CircuitRedisStorage(CircuitBreakerStorage):
     The same arguments and keys as pybreaker (``[namespace:]pybreaker:state``, ``fail_counter``,
     ``success_counter``, ``opened_at`` in whole UTC seconds), so processes running pybreaker and
     this module can share a breaker. A breaker backed by it has pybreaker's semantics: a few
-    Redis round trips per call (no lock is held across the call itself). A Redis error is logged:
-    reads then give ``fallback_circuit_state`` and zero counters, writes are lost; a missing
-    state is set to ``fallback_circuit_state``. For new code, prefer
-    ``fastbreaker.contrib.redis.FleetCoordinator``: local decisions, no I/O on the call path.
+    Redis round trips per call (no lock is held across the call itself). Each Redis operation is
+    bounded by ``timeout`` seconds (connect and read, on a client made from ``redis_object``'s
+    connection settings, without its retries). When Redis fails, reads give
+    ``fallback_circuit_state`` and zero counters, writes are lost, Redis is left alone for a
+    second (a call meets at most one timeout), and one line is logged per outage (another when
+    Redis answers again); a missing state is set to ``fallback_circuit_state``. For new code,
+    prefer ``fastbreaker.contrib.redis.FleetCoordinator``: local decisions, no I/O on the call
+    path.
 
     ``state`` is the initial state, ``redis_object`` a redis-py client, ``namespace`` a prefix
     for the keys; ``cluster_mode=True`` (Redis Cluster) writes the state with a plain
-    compare-and-set instead of a ``WATCH`` transaction, as pybreaker does.
+    compare-and-set instead of a ``WATCH`` transaction, as pybreaker does. ``timeout``: the most
+    one Redis operation may take, in seconds (0 to 60; a cluster client or a client that is not
+    redis-py's or valkey's own is used as given, with its own timeouts).
     """
 
     BASE_NAMESPACE = "pybreaker"
@@ -337,6 +339,8 @@ class CircuitRedisStorage(CircuitBreakerStorage):
         namespace: Optional[str] = None,
         fallback_circuit_state: str = STATE_CLOSED,
         cluster_mode: bool = False,
+        *,
+        timeout: float = 0.25,
     ) -> None:
         super().__init__("redis")
         for value in (state, fallback_circuit_state):
@@ -349,10 +353,10 @@ class CircuitRedisStorage(CircuitBreakerStorage):
         self._namespace_name = namespace
         self._fallback_circuit_state = fallback_circuit_state
         self._cluster_mode = cluster_mode
-        self._errors = _redis_error()
-        self._write(lambda: self._redis.setnx(self._key("fail_counter"), 0))
-        self._write(lambda: self._redis.setnx(self._key("success_counter"), 0))
-        self._write(lambda: self._redis.setnx(self._key("state"), state))
+        self._io = BoundedRedis(redis_object, check_timeout(timeout), _log)
+        self._write(lambda r: r.setnx(self._key("fail_counter"), 0))
+        self._write(lambda r: r.setnx(self._key("success_counter"), 0))
+        self._write(lambda r: r.setnx(self._key("state"), state))
 
     def _key(self, name: str) -> str:
         parts = [self.BASE_NAMESPACE, name]
@@ -360,30 +364,22 @@ class CircuitRedisStorage(CircuitBreakerStorage):
             parts.insert(0, self._namespace_name)
         return ":".join(parts)
 
-    def _write(self, op: Callable[[], Any]) -> None:
-        try:
-            op()
-        except self._errors:
-            _log.exception("RedisError")
+    def _write(self, op: Callable[[Any], Any]) -> None:
+        self._io.run(op, None)
 
-    def _get(self, name: str) -> Any:
-        return self._redis.get(self._key(name))
+    def _get(self, name: str, default: Any = None) -> Any:
+        key = self._key(name)
+        return self._io.run(lambda r: r.get(key), default)
 
     def _int(self, name: str) -> int:
-        try:
-            value = self._get(name)
-        except self._errors:
-            _log.exception("RedisError")
-            return 0
+        value = self._get(name)
         return int(value) if value is not None else 0
 
     @property
     def state(self) -> str:
         """The circuit state; ``fallback_circuit_state`` when Redis fails or has none."""
-        try:
-            raw = self._get("state")
-        except self._errors:
-            _log.exception("RedisError, returning the fallback circuit state")
+        raw = self._get("state", _FAILED)
+        if raw is _FAILED:
             return self._fallback_circuit_state
         if raw is None:
             fallback = self._fallback_circuit_state
@@ -395,23 +391,23 @@ class CircuitRedisStorage(CircuitBreakerStorage):
 
     @state.setter
     def state(self, state: str) -> None:
-        self._write(lambda: self._redis.set(self._key("state"), str(state)))
+        self._write(lambda r: r.set(self._key("state"), str(state)))
 
     def increment_counter(self) -> None:
         """Add one to the failure counter (an atomic INCR)."""
-        self._write(lambda: self._redis.incr(self._key("fail_counter")))
+        self._write(lambda r: r.incr(self._key("fail_counter")))
 
     def reset_counter(self) -> None:
         """Set the failure counter in Redis to zero."""
-        self._write(lambda: self._redis.set(self._key("fail_counter"), 0))
+        self._write(lambda r: r.set(self._key("fail_counter"), 0))
 
     def increment_success_counter(self) -> None:
         """Add one to the success counter in Redis."""
-        self._write(lambda: self._redis.incr(self._key("success_counter")))
+        self._write(lambda r: r.incr(self._key("success_counter")))
 
     def reset_success_counter(self) -> None:
         """Set the success counter in Redis to zero."""
-        self._write(lambda: self._redis.set(self._key("success_counter"), 0))
+        self._write(lambda r: r.set(self._key("success_counter"), 0))
 
     @property
     def counter(self) -> int:
@@ -424,11 +420,7 @@ class CircuitRedisStorage(CircuitBreakerStorage):
         return self._int("success_counter")
 
     def _opened_ts(self) -> Optional[int]:
-        try:
-            raw = self._get("opened_at")
-        except self._errors:
-            _log.exception("RedisError")
-            return None
+        raw = self._get("opened_at")
         return int(raw) if raw is not None else None
 
     @property
@@ -450,9 +442,9 @@ class CircuitRedisStorage(CircuitBreakerStorage):
                 pipe.set(key, value)
 
         if self._cluster_mode:  # no WATCH across a cluster: a plain compare-and-set
-            self._write(lambda: forward(self._redis))
+            self._write(forward)
         else:
-            self._write(lambda: self._redis.transaction(forward, key))
+            self._write(lambda r: r.transaction(forward, key))
 
 
 def _calling_block() -> None:

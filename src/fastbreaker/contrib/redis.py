@@ -18,20 +18,31 @@ map it holds::
 
 The semantics, stated once:
 
-* **Counts, not verdicts.** Each sync adds the outcomes counted locally since the previous sync
-  to time buckets of the fleet (``fleet_window`` seconds in 10 buckets, timed by the server's
-  ``TIME``). The fleet breaker opens when, over that window, at least ``min_calls`` outcomes were
-  reported with a failure share of at least ``failure_rate`` (the breaker's own options, whatever
-  its local window mode; slow calls count as successes), and at least ``min_instances``
-  instances reported failures. One sick instance is diluted by the healthy ones, while its own
-  breaker still protects it. A fleet transition to CLOSED starts a fresh window.
-* **Fencing.** Every fleet transition gets a new fleet generation (``max(gen + 1, server ms)``,
-  so that generations keep growing after the server lost its data). The fleet's state enters a
-  local breaker only through ``CircuitBreaker._fleet``, which applies a generation only if it is
-  newer than the last one applied, and only if the breaker made no local transition since the
-  coordinator read it: replies that arrive late, twice or out of order never move it backwards.
-  A fleet CLOSED closes only a breaker whose current state the fleet put there: a breaker that
-  opened on its own (a sick instance) recovers on its own.
+* **Nodes, and the fleet rule.** An instance's node is its ``instance_id`` up to the first
+  ``:`` (by default the host, so a restarted process is the same node). Each sync adds the
+  outcomes counted locally since the previous sync to time buckets of the fleet
+  (``fleet_window`` seconds in 10 buckets, timed by the server's ``TIME``) and tells whether the
+  local breaker is tripped on its own. The fleet breaker opens on evidence from at least
+  ``min_instances`` nodes (default 2) that are also at least ``failure_rate`` of the nodes that
+  reported it within the window: nodes whose own breaker is tripped (a recent local OPEN
+  verdict), or nodes reporting failures while the window's counts reach ``min_calls`` with a
+  failure share of at least ``failure_rate`` (the breaker's own options; slow calls count as
+  successes). One sick node never opens the fleet for the others, while its own breaker still
+  protects it; an outage every node sees opens it within two syncs. A fleet transition to
+  CLOSED starts a fresh window.
+* **Fencing.** Every fleet transition gets a new fleet generation (``max(gen + 1, server
+  ms)``). The coordinator applies a generation only if it is newer than the last it applied
+  (or grants new leases), through ``CircuitBreaker._fleet``, which applies it only if the
+  breaker made no local transition since the coordinator read it: replies that arrive late,
+  twice or out of order never move it backwards, and ``reset()`` wins over a fleet state
+  already applied. A fleet CLOSED closes only a breaker whose current state the fleet put
+  there: a breaker that opened on its own (a sick instance) recovers on its own.
+  ``reset(name, key)`` closes a breaker fleet-wide at the next sync.
+* **Nothing read from Redis is trusted.** A malformed entry (record, version, bucket, pool, a
+  key of the wrong type) skips only its own key, map, breaker or budget (counted in
+  ``malformed``, logged once); a generation more than 10 minutes ahead of the server's clock is
+  malformed; a fleet open period is cut to the breaker's longest. A server that lost its data
+  restarts its generations, maybe behind: that is detected (``data_losses``) and applied.
 * **Clocks.** The open period reaches each process as a remaining duration, converted to the
   breaker's own clock. A breaker the fleet holds OPEN stays OPEN for that duration plus a *hold*
   of ``max(reset_timeout, 2 * interval + sync_timeout)``, renewed by every sync that brings a new
@@ -97,8 +108,10 @@ __all__ = ["FleetCoordinator", "FleetMetrics", "SyncReport", "RunHandle"]
 _log = logging.getLogger("fastbreaker.fleet")
 _BUCKETS = 10
 _SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
-# The lease count rides in the low bits of the fence: a grant in the same fleet generation is news.
-_LEASE_BITS = 16
+# A fleet generation is the server's clock in ms (or one more than the last): one further ahead
+# of the server's clock than this is not plausible, and its record is malformed.
+_AHEAD_MS = 600_000
+_LOGGED_MAX = 1000  # malformed entries remembered (to log each once)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +122,10 @@ class FleetMetrics:
     erroring); ``fleet_degraded``: the last sync failed (local-only until one succeeds);
     ``applied``: fleet states applied to local breakers; ``stale_applies``: replies refused
     because the breaker made a local transition meanwhile (it gets the state at the next sync);
-    ``last_error``: the last failure, as text.
+    ``last_error``: the last failure, as text; ``malformed``: entries found malformed in Redis
+    and skipped (a record, key or field of a key, map, breaker or budget; counted at each sync
+    that meets one, logged once per entry); ``data_losses``: times the server was found to have
+    lost the fleet's data (its generations restart, and are applied as news).
     """
 
     syncs: int
@@ -118,6 +134,8 @@ class FleetMetrics:
     applied: int
     stale_applies: int
     last_error: Optional[str]
+    malformed: int = 0
+    data_losses: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +173,18 @@ class RunHandle:
 class _Key:
     """What the coordinator remembers of one local breaker."""
 
-    __slots__ = ("breaker", "succ", "fail", "rej", "held", "fleet_state", "gen")
+    __slots__ = (
+        "breaker",
+        "succ",
+        "fail",
+        "rej",
+        "held",
+        "fleet_state",
+        "gen",
+        "fgen",
+        "leases",
+        "tripped",
+    )
 
     def __init__(self, breaker: Any) -> None:
         self.breaker = breaker
@@ -163,6 +192,9 @@ class _Key:
         self.held = -1  # the local generation the fleet's last apply produced, or -1
         self.fleet_state = 0  # as last heard; a key not CLOSED is sent at every sync
         self.gen = -1  # the local generation read for the sync in progress
+        self.fgen = -1  # the fleet generation (and leases) last applied: the coordinator's fence
+        self.leases = 0
+        self.tripped = False  # the local breaker's own verdict, as last sent
 
 
 class _Budget:
@@ -182,7 +214,7 @@ class _Budget:
 class _Group:
     """One hash tag: a standalone breaker (one key) or a map."""
 
-    __slots__ = ("tag", "options", "keys", "since", "breaker", "map")
+    __slots__ = ("tag", "options", "keys", "since", "breaker", "map", "resets", "epoch")
 
     def __init__(self, tag: str, options: Any, breaker: Any = None, bmap: Any = None) -> None:
         self.tag = tag
@@ -191,6 +223,8 @@ class _Group:
         self.map = bmap
         self.keys: dict[str, _Key] = {}
         self.since = 0
+        self.resets: set[str] = set()  # fleet resets asked for, sent until a sync succeeds
+        self.epoch = ""  # names the group's data in Redis: a new one when the server lost it
 
     def items(self) -> list[tuple[str, Any]]:
         if self.breaker is not None:
@@ -237,9 +271,12 @@ class FleetCoordinator:
     ``client``: a ``redis.Redis``, ``redis.cluster.RedisCluster`` or ``redis.asyncio.Redis`` (or
     the valkey equivalents). ``namespace``: the fleet's name (instances with the same namespace
     and the same breaker/map names share state). ``instance_id``: this process in the fleet
-    (default: host, pid and a random suffix). ``sync_timeout``: the most one sync may take, in
-    seconds. ``min_instances``: how many instances must have reported failures within the window
-    for the fleet to open. ``fleet_window``: the seconds of outcomes the fleet rule looks at.
+    (default: ``host:pid:random``); its part before the first ``:`` names its *node* (default:
+    the host), which survives restarts: the fleet rule counts nodes, not processes.
+    ``sync_timeout``: the most one sync may take, in seconds. ``min_instances``: how many nodes
+    must give evidence of failure within the window for the fleet to open (default 2: one sick
+    node never opens the fleet for the others). ``fleet_window``: the seconds of outcomes the
+    fleet rule looks at.
     """
 
     def __init__(
@@ -249,7 +286,7 @@ class FleetCoordinator:
         namespace: str,
         instance_id: Optional[str] = None,
         sync_timeout: float = 0.2,
-        min_instances: int = 1,
+        min_instances: int = 2,
         fleet_window: float = 10.0,
     ) -> None:
         if client is None:
@@ -259,6 +296,7 @@ class FleetCoordinator:
         if instance_id is None:
             instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._instance = _check_name(instance_id, "instance_id")
+        self._node = self._instance.split(":", 1)[0] or self._instance
         self._timeout = _seconds(sync_timeout, "sync_timeout", 0.0, 60.0)
         if isinstance(min_instances, bool) or not isinstance(min_instances, int):
             raise TypeError(f"min_instances must be an int, got {min_instances!r}")
@@ -277,6 +315,9 @@ class FleetCoordinator:
         self._degraded = False
         self._last_error: Optional[str] = None
         self._listeners: list[Callable[..., Any]] = []
+        self._malformed = self._losses = 0
+        self._logged: set[tuple[str, str]] = set()
+        self._fence = 0
 
     # -- what is shared ----------------------------------------------------------------------------
     def _add(self, kind: str, name: str, group: _Group) -> None:
@@ -334,12 +375,35 @@ class FleetCoordinator:
             applied=self._applied,
             stale_applies=self._stale,
             last_error=self._last_error,
+            malformed=self._malformed,
+            data_losses=self._losses,
         )
 
     @property
     def instance_id(self) -> str:
         """This instance's id in the fleet (given, or ``host:pid:random``)."""
         return self._instance
+
+    def reset(self, name: str, key: Optional[str] = None) -> None:
+        """Close a breaker fleet-wide: the breaker ``name`` (or the ``key`` of the map ``name``)
+        is reset here at once, and the next successful sync writes CLOSED with a new fleet
+        generation in Redis (replacing its record, even a malformed one), which closes it on
+        every instance the fleet held OPEN. No I/O in this call."""
+        _check_name(name, "name")
+        if key is None:
+            tag = f"{{{self._namespace}:b:{name}}}"
+        else:
+            tag = f"{{{self._namespace}:m:{name}}}"
+        with self._lock:
+            group = self._groups.get(tag)
+            if group is None:
+                what = "breaker" if key is None else "map"
+                raise ValueError(f"no {what} named {name!r} is coordinated")
+            target = name if key is None else _check_name(key, "key")
+            group.resets.add(target)
+        breaker = group.lookup(target)
+        if breaker is not None:
+            breaker.reset()
 
     # -- one sync ----------------------------------------------------------------------------------
     def sync_once(self) -> SyncReport:
@@ -348,24 +412,26 @@ class FleetCoordinator:
             raise TypeError("an asyncio client: use 'await coordinator.sync_once_async()'")
         with self._lock:
             start = time.monotonic()
-            plan = self._prepare()
+            plan: list[Any] = []
             try:
+                plan = self._prepare()
                 replies = self._call_sync(plan, start + self._timeout)
-            except Exception as exc:  # every failure of Redis, whatever the client raises
+                return self._finish(plan, replies, start)
+            except Exception as exc:  # Redis failing, whatever the client raises, or its data
                 return self._failed(plan, exc, start)
-            return self._finish(plan, replies, start)
 
     async def sync_once_async(self) -> SyncReport:
         """``sync_once`` for a ``redis.asyncio`` client."""
         if not self._is_async:
             raise TypeError("a synchronous client: use coordinator.sync_once()")
         start = time.monotonic()
-        plan = self._prepare()
+        plan: list[Any] = []
         try:
+            plan = self._prepare()
             replies = await asyncio.wait_for(self._call_async(plan), self._timeout)
+            return self._finish(plan, replies, start)
         except Exception as exc:
             return self._failed(plan, exc, start)
-        return self._finish(plan, replies, start)
 
     async def run(self, interval: float = 1.0) -> None:
         """Sync every ``interval`` seconds until cancelled (an asyncio client); run it as a task
@@ -424,10 +490,16 @@ class FleetCoordinator:
                 _, gen, state, succ, fail, rej = breaker._fleet(0, -1, 0, 0.0, 0)
                 ds, df, dr = succ - k.succ, fail - k.fail, rej - k.rej
                 k.succ, k.fail, k.rej, k.gen = succ, fail, rej, gen
-                if ds or df or k.fleet_state:
+                # the breaker's own verdict: tripped by itself, not held there by the fleet
+                tripped = state in (1, 2) and gen != k.held
+                reset = key in group.resets
+                if ds or df or k.fleet_state or tripped or k.tripped or reset:
                     want = group.options.half_open_max_calls if (dr and k.fleet_state) else 0
-                    args += (key, ds, df, want)
+                    args += (key, ds, df, want, int(tripped) | (2 if reset else 0))
                     sent.append((key, k))
+                k.tripped = tripped
+            for key in group.resets.difference(fresh):  # a key this instance does not hold
+                args += (key, 0, 0, 0, 2)
             group.keys = fresh
             plan.append((group, args, sent))
         for b in list(self._budgets.values()):
@@ -443,25 +515,29 @@ class FleetCoordinator:
         keys: list[str] = []
         argv: list[Any] = [
             self._instance,
+            self._node,
             int(self._window * 1000),
             self._min_instances,
             _BUCKETS,
             len(budgets),
+            int((2 * self._interval + self._timeout) * 1000),  # how long a node's verdict holds
+            _AHEAD_MS,
         ]
-        for group, args, sent in plan:
+        for group, args, _sent in plan:
             if args is None:
                 continue
             o = group.options
             keys.append(group.tag)
             argv += (
                 group.since,
-                len(sent),
+                len(args) // 5,
                 repr(float(o.failure_rate)),
                 o.min_calls,
                 o.half_open_max_calls,
                 o.success_threshold,
                 max(1, o.reset_ns // 1_000_000),
                 max(1, o.reset_ns // 1_000_000),
+                _max_open_ms(o),
             )
             argv += args
         for b in budgets:
@@ -582,11 +658,22 @@ class FleetCoordinator:
         for (group, args, _), reply in replies:
             if args is None:
                 share = int(reply)  # the budget's share of the fleet's pool, in token units
+                if share < 0:
+                    self._bad(group.tag, "")
+                    continue
                 group.budget._fleet(share - group.read)
                 group.level = share
                 continue
-            version, entries = reply
+            version, entries, bad, epoch = reply
+            for key in bad:
+                self._bad(group.tag, _text(key))
+            epoch = _text(epoch)
+            if epoch:
+                if group.epoch and epoch != group.epoch:
+                    self._lost(group)
+                group.epoch = epoch
             group.since = int(version)
+            group.resets.clear()
             for i in range(0, len(entries), 5):
                 key = _text(entries[i])
                 state, gen, rem, leases = (int(x) for x in entries[i + 1 : i + 5])
@@ -601,6 +688,29 @@ class FleetCoordinator:
         sent = sum(len(p[2]) for p in plan)
         return SyncReport(True, None, sent, received, applied, time.monotonic() - start)
 
+    def _bad(self, tag: str, key: str) -> None:
+        """A malformed entry met in Redis: counted each time, logged once."""
+        self._malformed += 1
+        if (tag, key) not in self._logged and len(self._logged) < _LOGGED_MAX:
+            self._logged.add((tag, key))
+            what = f"key {key!r} of {tag}" if key else tag
+            _log.warning("fleet: malformed entry in Redis, skipped (fix or delete it): %s", what)
+
+    def _lost(self, group: _Group) -> None:
+        """The server lost this group's data: its generations restart, possibly behind the
+        ones applied before (a server clock behind); they are news all the same."""
+        self._losses += 1
+        _log.warning("fleet: Redis lost the state of %s; its generations restart", group.tag)
+        for k in group.keys.values():
+            k.fgen, k.leases = -1, 0
+
+    def _next_fence(self) -> int:
+        # The breaker's own fence only moves forward: feed it this process's monotonic clock
+        # (never behind what an earlier coordinator fed it), while fleet generations (which
+        # the server may restart) are compared here, in ``_apply``.
+        self._fence = max(self._fence + 1, time.monotonic_ns())
+        return self._fence
+
     def _apply(self, group: _Group, key: str, state: int, gen: int, rem: int, leases: int) -> int:
         k = group.keys.get(key)
         if k is None:
@@ -611,20 +721,24 @@ class FleetCoordinator:
             _, k.gen, _, k.succ, k.fail, k.rej = breaker._fleet(0, -1, 0, 0.0, 0)
         k.fleet_state = state
         options = group.options
-        leases = min(leases, options.half_open_max_calls)
-        fence = (gen << _LEASE_BITS) | leases
+        leases = max(0, min(leases, options.half_open_max_calls))
+        if (gen, leases) <= (k.fgen, k.leases):
+            return 0  # old news or a duplicate (a lease granted in the same generation is news)
         if state == 0:
             if k.held < 0 or k.held != k.gen:
                 return 0  # not put there by the fleet: it recovers on its own
-            result = k.breaker._fleet(fence, k.gen, 0, 0.0, 0)
+            result = k.breaker._fleet(self._next_fence(), k.gen, 0, 0.0, 0)
         elif state == 2 and leases:
-            result = k.breaker._fleet(fence, k.gen, 2, 0.0, leases)
+            result = k.breaker._fleet(self._next_fence(), k.gen, 2, 0.0, leases)
         else:
+            # never longer than the breaker's own longest open period, whatever Redis says
+            rem = max(0, min(rem, _max_open_ms(options)))
             seconds = min(rem / 1000.0 + self._hold(options), 1e7)
-            result = k.breaker._fleet(fence, k.gen, 1, seconds, 0)
+            result = k.breaker._fleet(self._next_fence(), k.gen, 1, seconds, 0)
         if result[0]:
             k.held = result[1] if state else -1
             k.gen = result[1]
+            k.fgen, k.leases = gen, leases
             return 1
         if result[1] != k.gen:
             self._stale += 1
@@ -649,6 +763,11 @@ class FleetCoordinator:
             f"<FleetCoordinator namespace={self._namespace!r} instance={self._instance!r} "
             f"groups={len(self._groups)} degraded={self._degraded}>"
         )
+
+
+def _max_open_ms(options: Any) -> int:
+    """The breaker's longest open period, in ms: the most the fleet may hold it OPEN."""
+    return max(1, int(max(options.reset_ns, options.max_reset_ns)) // 1_000_000)
 
 
 def _is_async_client(client: Any) -> bool:
