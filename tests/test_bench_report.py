@@ -10,6 +10,7 @@ import copy
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -113,7 +114,6 @@ def test_table_and_progress(report: dict[str, Any]) -> None:
     proc = report["proc"]
     for row in report["data"]["rows"]:
         assert row["label"] in proc.stdout
-    assert "x fastbreaker" in proc.stdout
     assert "ratios carry over" in proc.stdout
     # the developers' targets are not the user's: without --check-targets they are not shown
     assert "target" not in proc.stdout.lower()
@@ -158,21 +158,77 @@ def test_markdown_and_json_to_stdout() -> None:
     assert json.loads(proc.stdout)["rows"]
 
 
-def test_output_lines_fit_in_100_columns(report: dict[str, Any]) -> None:
+def test_output_lines_fit_in_80_columns(report: dict[str, Any]) -> None:
     lines = report["proc"].stdout.splitlines()
     assert len(lines) > 20
-    too_wide = [line for line in lines if len(line) > 100]
+    too_wide = [line for line in lines if len(line) > 80]
     assert not too_wide, too_wide
 
 
+def test_any_table_fits_in_80_columns_and_keeps_every_cell() -> None:
+    # wide headers wrap, and columns that still do not fit go to a continued table
+    headers = ["system", "a very long header of many words", "try_acquire()+release()"]
+    headers += [f"column {i}" for i in range(6)]
+    rows = [["a system label of thirty chars!", "1.00x", "12,345"] + ["999"] * 6]
+    lines = _render._text_table("title", headers, rows)
+    assert max(len(line) for line in lines) <= 80
+    cells = " ".join(lines).split()
+    assert cells.count("999") == 6 and "12,345" in cells and "1.00x" in cells
+    assert "try_acquire()+" in cells and "release()" in cells
+
+
+def test_the_verdict_block_is_last(report: dict[str, Any]) -> None:
+    data, out = report["data"], report["proc"].stdout.rstrip("\n")
+    block = out.split("\n\n")[-1].splitlines()
+    key = "fastbreaker" if fastbreaker.COMPILED else "fastbreaker_py"
+    row = next(r for r in data["rows"] if r["key"] == key)
+    assert block[0].startswith(f"Verdict: {row['label']}, fastbreaker {fastbreaker.__version__}")
+    assert f"this run in {data['seconds']:.0f} s" in block[0]
+    text = "\n".join(block)
+    assert f"{data['method']['hosts']:,} hosts, m.call(host, f): " in text
+    assert f"{row['bytes_per_host']:,.0f} bytes per host" in text
+    assert f"one CircuitBreaker(): {data['standalone_bytes'][key]:,.0f} bytes" in text
+    threads = data["threads"]
+    assert (
+        block[-1]
+        == f"  threads: {threads['before']} before, {threads['after']} after (none started)"
+    )
+    # the methodology is not printed without --verbose
+    assert "how each system is driven" not in out
+
+
+def test_no_row_of_dashes_only(report: dict[str, Any]) -> None:
+    # a row with nothing measured in any of a table's columns is not printed
+    for line in report["proc"].stdout.splitlines():
+        label, *cells = re.split(r"\s{2,}", line.strip())
+        assert not (cells and all(c == "-" for c in cells)), line
+    # while the JSON keeps every row (a null is what a table shows as "-")
+    labels = {r["label"] for r in report["data"]["sections"]["bulkheads"]["rows"]}
+    assert "asyncio.Semaphore" in labels
+
+
+def test_verbose_prints_the_methodology_above_the_tables() -> None:
+    proc = _run("--quick", "--quiet", "--verbose")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    first_table = out.index("\n---")  # the first table's rule
+    method = out.index("How this report measures (--verbose).")
+    assert method < first_table
+    assert out.index("how each system is driven:") < first_table
+    assert "one CircuitBreaker(): tracemalloc" in out[:first_table]
+    assert out.rstrip("\n").split("\n\n")[-1].startswith("Verdict: ")
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
 def test_every_ratio_names_its_floor(report: dict[str, Any]) -> None:
-    out = report["proc"].stdout
+    out = " ".join(report["proc"].stdout.split())  # lines wrap at 80 columns
     assert "x Floor().call(f)" in out  # the table's ratio column
     if fastbreaker.COMPILED:
         summary = out[out.index("fastbreaker (compiled), from the tables above:") :]
         assert "the floor Floor().allow()" in summary
         assert "the floor Floor().call(f)-f()" in summary
-    assert " x floor" not in out and "x floor " not in out  # no ratio to an unnamed floor
+    raw = report["proc"].stdout
+    assert " x floor" not in raw and "x floor " not in raw  # no ratio to an unnamed floor
 
 
 def test_bulkhead_section(report: dict[str, Any]) -> None:
@@ -193,7 +249,7 @@ def test_bulkhead_section(report: dict[str, Any]) -> None:
     assert isinstance(rows["stdlib_asyncio_semaphore"]["async_ns"], float)
     if rows["floor"]["try_release_ns"] > 0:
         assert rows["floor"]["x_floor"] == pytest.approx(1.0)
-    out = report["proc"].stdout
+    out = " ".join(report["proc"].stdout.split())  # lines wrap at 80 columns
     assert "bulkheads: ns per operation" in out and "x Floor() pair" in out
     for row in part["rows"]:
         assert row["label"] in out
@@ -217,7 +273,7 @@ def test_call_paths_section(report: dict[str, Any]) -> None:
     for metric in ("with_ns", "async_dec_ns", "async_with_ns", "retry_ns", "rejected_ns"):
         assert isinstance(rows["fastbreaker_py"][metric], float)
         assert isinstance(rows["floor"][metric], float)
-    out = report["proc"].stdout
+    out = " ".join(report["proc"].stdout.split())  # lines wrap at 80 columns
     assert "call paths: ns per operation" in out
     if fastbreaker.COMPILED:
         assert "fastbreaker (compiled), from the call-path tables:" in out
@@ -228,7 +284,7 @@ def test_scaling_block(report: dict[str, Any]) -> None:
     from fastbreaker.bench import _scaling
 
     part = report["data"]["scaling"]
-    out = report["proc"].stdout
+    out = " ".join(report["proc"].stdout.split())  # lines wrap at 80 columns
     reason = _scaling.unavailable()
     if reason is not None:
         assert part == {"skipped": reason}
@@ -361,11 +417,12 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     assert "--check-targets: the developers' targets" in proc.stdout
     for what in missed:
         assert what in proc.stderr
-    verdicts = [ln for ln in proc.stdout.splitlines() if "target <=" in ln]
+    flat = " ".join(proc.stdout.split())  # a verdict may wrap at 80 columns
+    verdicts = flat.split("--check-targets:", 1)[1].split(" target <=")[1:]
     # four for the breaker, two of its rows with other options, one for the shared row, one for
     # the bulkhead, one for the call paths' rejection
     assert len(verdicts) == 9
-    assert sum("MISSED" in ln for ln in verdicts) == len(missed)
+    assert sum(v.split(":")[1].strip().startswith("MISSED") for v in verdicts) == len(missed)
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")

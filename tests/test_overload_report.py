@@ -32,12 +32,16 @@ def test_the_overload_command_measures_both_modes(tmp_path: Path) -> None:
     assert "goodput without" in proc.stdout and "goodput with" in proc.stdout
     data = json.loads(out.read_text())
     assert [r["load"] for r in data["rows"]] == [1.0, 3.0]
+    # the warm-up's requests are sent and not counted (a fresh server's short queue flattered
+    # short points without shedding), and the table says so beside the numbers
+    assert data["warmup_s"] > 0 and "after 0.2 s of warm-up (sent, not counted" in proc.stdout
     for row in data["rows"]:
         for mode in ("without", "with"):
             c = row[mode]
             # every request sent ends one way: answered in time, late, shed, timed out or failed
             assert c["sent"] == c["good"] + c["late"] + c["shed"] + c["timeout"] + c["error"]
             assert c["sent"] == int(row["offered_rps"] * data["seconds"])
+            assert c["warmup_sent"] == int(row["offered_rps"] * data["warmup_s"])
             assert 0.0 <= c["goodput"] <= 1.5
         assert row["without"]["shed"] == 0  # no shedder: nothing answers 503
     # at 3x the capacity the shedder refuses work; without it nothing is refused
@@ -55,3 +59,11 @@ def test_the_overload_command_refuses_bad_options() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "--capacity >= 1" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastbreaker", "overload", "--warmup", "-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--warmup must be in [0, 60] seconds" in proc.stderr

@@ -71,6 +71,7 @@ cdef extern from "_fb_breaker.h" nogil:
         int use_c_clock
         int dry_run
         int timed
+        int shared
         int64_t nlat
         group_t *group
         void *owner
@@ -79,11 +80,12 @@ cdef extern from "_fb_breaker.h" nogil:
         int64_t slots[1]
     ctypedef struct extra_t "fb_extra_t":
         int64_t opened, would_reject, open_ns, probe_ok, probe_failed, timeouts
+        int64_t rejected, slow_calls, ignored, stale
         int64_t open_from, fleet_gen
         int64_t lat[1]
     ctypedef struct state_t "fb_state_t":
         int64_t word, gen_hi, since_ns, consec
-        int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale
+        int64_t permitted, successes, failures
     ctypedef struct claim_t "fb_claim_t":
         int64_t word, pid, ns
     ctypedef struct core_t "fb_breaker_t":
@@ -132,6 +134,34 @@ cdef extra_t *x_need(core_t *b) noexcept nogil:
         return x
     fb_raw_free(x)  # another thread installed one first
     return <extra_t *>expected
+
+# Rejections, slow calls, neutral outcomes and stale permits are counted in fb_extra_t (a
+# healthy CLOSED breaker has none): on first need it is installed, as above.
+cdef inline void add_stale(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_need(b)
+    if x != NULL:
+        fb_add(&x.stale, 1)
+
+cdef inline void add_ignored(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_need(b)
+    if x != NULL:
+        fb_add(&x.ignored, 1)
+
+cdef inline void add_slow(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_need(b)
+    if x != NULL:
+        fb_add(&x.slow_calls, 1)
+
+# Outcomes that were neutral or stale (0 until fb_extra_t is installed), and the rejections
+# (with their stripes, which count even before it is).
+cdef inline int64_t neutral_or_stale(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_of(b)
+    return 0 if x == NULL else fb_load_acq(&x.ignored) + fb_load_acq(&x.stale)
+
+cdef inline int64_t rejected_of(core_t *b) noexcept nogil:
+    cdef extra_t *x = x_of(b)
+    cdef int64_t none = 0
+    return fb_counted(b, &none if x == NULL else &x.rejected, FB_CNT_REJECTED)
 
 # The window pointer (see _fb_breaker.h): the count window, or the time window's array tagged
 # with its low bit; the two are exclusive options, and both are set before the breaker is
@@ -477,7 +507,9 @@ cdef int64_t acquire_slow(core_t *b, int64_t now, int *trans) noexcept nogil:
             fb_add(&x.would_reject, 1)
         fb_count(b, &b.s.permitted, FB_CNT_PERMITTED)
         return DRY_RUN_PERMIT
-    fb_count(b, &b.s.rejected, FB_CNT_REJECTED)
+    x = x_need(b)
+    if x != NULL:
+        fb_count(b, &x.rejected, FB_CNT_REJECTED)
     return FB_REJECTED_
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -495,17 +527,17 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
         st = w & ST_MASK
         gen = w_gen(w)
         if permit != full_gen(b, w) or (w & BUSY) or st == S_OPEN or st == S_ISOLATED:
-            fb_add(&b.s.stale, 1)
+            add_stale(b)
             return 0
         if st == S_CLOSED:
             return release_closed(b, permit, outcome, timeout, now, trans)
         # HALF_OPEN: a probe reports
         if w_inflight(w) == 0:
-            fb_add(&b.s.stale, 1)
+            add_stale(b)
             return 0
         if outcome == FB_NEUTRAL:
             if fb_cas(&b.s.word, &w, w - ((<int64_t>1) << INFL_SHIFT)):
-                fb_add(&b.s.ignored, 1)
+                add_ignored(b)
                 return 0
             continue
         if outcome == FB_FAILURE or outcome == FB_SLOW:
@@ -521,7 +553,7 @@ cdef int release(core_t *b, int64_t permit, int outcome, int64_t now, int *trans
                     fb_add(&x.timeouts, 1)
             else:
                 fb_count(b, &b.s.successes, FB_CNT_SUCCESSES)
-                fb_add(&b.s.slow_calls, 1)
+                add_slow(b)
             if x != NULL:
                 fb_add(&x.probe_failed, 1)
             transition(b, w, S_OPEN, now, 0, min_level(w_level(w) + 1), False, trans)
@@ -552,7 +584,7 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
     cdef int64_t cur, count, tag, gen = permit & GEN_MASK
     cdef extra_t *x
     if outcome == FB_NEUTRAL:
-        fb_add(&b.s.ignored, 1)
+        add_ignored(b)
         return 0
     failed = outcome == FB_FAILURE
     slow = outcome == FB_SLOW
@@ -562,7 +594,7 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
         if now < 0:
             return FB_NEED_CLOCK_
         if not twindow_record(tw, c, now, failed, slow):
-            fb_add(&b.s.stale, 1)
+            add_stale(b)
             return 0
     if failed:
         fb_add(&b.s.failures, 1)
@@ -573,7 +605,7 @@ cdef inline int release_closed(core_t *b, int64_t permit, int outcome, bint time
     else:
         fb_count(b, &b.s.successes, FB_CNT_SUCCESSES)
         if slow:
-            fb_add(&b.s.slow_calls, 1)
+            add_slow(b)
     # consecutive failures, tagged with the generation (an older tag counts as zero)
     cur = fb_load_rlx(&b.s.consec)
     tag = gen << CONSEC_SHIFT
@@ -877,9 +909,11 @@ cdef class Config:
     cdef public object options
     cdef public object group
     cdef public object hook
-    cdef public list listeners
-    cdef public bint shared
-    cdef public list retired  # configs this one replaced on some breaker (see _set_config)
+    # () until the first callback / the first retired config, then a list (two empty lists
+    # were 112 of the bytes of each standalone breaker); both are replaced only under
+    # _listener_lock, from the immortal () to a list, and never again
+    cdef public object listeners
+    cdef public object retired  # configs this one replaced on some breaker (see _set_config)
     cdef public object region_view  # a shared breaker's block: keeps the region mapped
 
     def __init__(self, options, group=None, hook=None):
@@ -890,13 +924,12 @@ cdef class Config:
         if group is not None and not isinstance(group, Group):
             raise TypeError(f"group must be a compiled Group or None, got {group!r}")
         self.options = options
-        self.retired = []
+        self.retired = ()
         self.group = group
         self.hook = hook
-        # Only ever appended to, never replaced: a thread firing callbacks can read it while
-        # another registers one (lists are internally locked on free-threaded builds).
-        self.listeners = []
-        self.shared = False
+        # Only ever appended to once a list (see above): a thread firing callbacks can read it
+        # while another registers one (lists are internally locked on free-threaded builds).
+        self.listeners = ()
         self.c.failure_threshold = options.failure_threshold
         self.c.min_calls = options.min_calls
         self.c.window = options.window
@@ -917,10 +950,19 @@ cdef class Config:
         self.c.group = (<Group>group).g if group is not None else NULL
         self.c.owner = <void *>self
 
+    @property
+    def shared(self):
+        """Whether this is the config a BreakerMap's breakers share (a word of ``c``)."""
+        return bool(self.c.shared)
+
+    @shared.setter
+    def shared(self, bint value):
+        self.c.shared = value
+
     def copy(self, *, keep_group=True):
         """A private copy (same options, hook and listeners; the group only if ``keep_group``)."""
         cdef Config other = Config(self.options, self.group if keep_group else None, self.hook)
-        other.listeners = list(self.listeners)
+        other.listeners = list(self.listeners) if self.listeners else ()
         other.region_view = self.region_view
         return other
 
@@ -1526,13 +1568,9 @@ cdef class CircuitBreaker:
         hi = fb_load_rlx(&b.s.gen_hi)
         fb_store_rlx(&b.s.since_ns, 0)
         fb_store_rlx(&b.s.permitted, 0)
-        fb_store_rlx(&b.s.rejected, 0)
         fb_store_rlx(&b.s.successes, 0)
         fb_stripes_zero(b)
         fb_store_rlx(&b.s.failures, 0)
-        fb_store_rlx(&b.s.slow_calls, 0)
-        fb_store_rlx(&b.s.ignored, 0)
-        fb_store_rlx(&b.s.stale, 0)
         if x != NULL:
             memset(x, 0, sizeof(extra_t) + c.nlat * sizeof(int64_t))
         clear_window(b, gen)
@@ -1608,7 +1646,9 @@ cdef class CircuitBreaker:
             raise ValueError("a breaker's window size and latency histogram cannot change")
         if config.options is None:
             raise ValueError("config was never initialised")
-        if not any(r is old_owner for r in config.retired):
+        if not config.retired:
+            config.retired = [old_owner]  # (its callers hold _listener_lock)
+        elif not any(r is old_owner for r in config.retired):
             config.retired.append(old_owner)
         Py_INCREF(config)
         fb_store_ptr(<void **>&self.st.cfg, &config.c)
@@ -1632,7 +1672,7 @@ cdef class CircuitBreaker:
         if not in_flight_ok and fb_counted(&self.st, &self.st.s.permitted, FB_CNT_PERMITTED) > (
                 fb_counted(&self.st, &self.st.s.successes, FB_CNT_SUCCESSES)
                 + fb_load_acq(&self.st.s.failures)
-                + fb_load_acq(&self.st.s.ignored) + fb_load_acq(&self.st.s.stale)):
+                + neutral_or_stale(&self.st)):
             fb_store_rel(&self.st.s.word, w)
             return False
         try:
@@ -1827,12 +1867,12 @@ cdef class CircuitBreaker:
         return Metrics(
             state=_STATES[w & ST_MASK],
             permitted=fb_counted(&self.st, &self.st.s.permitted, FB_CNT_PERMITTED),
-            rejected=fb_counted(&self.st, &self.st.s.rejected, FB_CNT_REJECTED),
+            rejected=fb_counted(&self.st, &x.rejected, FB_CNT_REJECTED),
             successes=fb_counted(&self.st, &self.st.s.successes, FB_CNT_SUCCESSES),
             failures=fb_load_rlx(&self.st.s.failures),
-            slow_calls=fb_load_rlx(&self.st.s.slow_calls),
-            ignored=fb_load_rlx(&self.st.s.ignored),
-            stale=fb_load_rlx(&self.st.s.stale),
+            slow_calls=fb_load_rlx(&x.slow_calls),
+            ignored=fb_load_rlx(&x.ignored),
+            stale=fb_load_rlx(&x.stale),
             opened=fb_load_rlx(&x.opened),
             consecutive_failures=(cur & CONSEC_MASK) if closed and (cur >> CONSEC_SHIFT) == w_gen(w) else 0,
             failure_rate=((<double>fail / rec) if rec > 0 else 0.0) if windowed else None,
@@ -1857,7 +1897,10 @@ cdef class CircuitBreaker:
             if config.shared:
                 config = config.copy()
                 self._set_config(config)
-            config.listeners.append(callback)
+            if config.listeners:
+                config.listeners.append(callback)
+            else:
+                config.listeners = [callback]
         return callback
 
     def __repr__(self):
@@ -1926,7 +1969,7 @@ cdef class CircuitBreaker:
         result = (applied, full_gen(&self.st, w), w & ST_MASK,
                   fb_counted(&self.st, &self.st.s.successes, FB_CNT_SUCCESSES),
                   fb_load_rlx(&self.st.s.failures),
-                  fb_counted(&self.st, &self.st.s.rejected, FB_CNT_REJECTED))
+                  rejected_of(&self.st))
         if trans:
             fire(self, trans)
         return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from typing import Union
 
@@ -44,10 +45,17 @@ def seconds_to_ns(value: object, name: str, *, positive: bool = False) -> int:
     if math.isnan(s) or math.isinf(s) or (s <= 0 if positive else s < 0):
         rng = "> 0" if positive else ">= 0"
         raise ValueError(f"{name} must be a finite number of seconds {rng}, got {value!r}")
-    ns = round(s * 1e9) if s <= 2**62 / 1e9 else 2**62 + 1
+    ns = _ns(s) if s <= 2**62 / 1e9 else 2**62 + 1
     if ns > 2**62:
         raise ValueError(f"{name} must be at most {2**62 / 1e9:.0f} seconds, got {value!r}")
     return ns
+
+
+# Objects made with the same duration share its int: above 2**30 ns (about a second) an int is
+# 32 bytes, and each breaker's options hold several (issue 26: bytes per standalone breaker).
+@functools.lru_cache(maxsize=256)
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
 
 
 def check_count(value: object, name: str, lo: int, hi: int) -> int:

@@ -28,6 +28,7 @@ typedef struct fb_config_s {
     int use_c_clock;
     int dry_run;         /* admit what would be rejected (its permit is stale) */
     int timed;           /* the call paths time calls (slow_call_duration or record_latency) */
+    int shared;          /* Config.shared: the config of a BreakerMap's breakers (in padding) */
     int64_t nlat;        /* the latency histogram's words (a count per bound, +Inf, the sum), or 0 */
     fb_group_t *group;   /* NULL for a breaker outside a BreakerMap */
     void *owner;         /* the Python Config object that owns this struct */
@@ -45,6 +46,10 @@ typedef struct fb_window_s {
  * NULL pointer for all of it. */
 typedef struct fb_extra_s {
     int64_t opened, would_reject, open_ns, probe_ok, probe_failed, timeouts;
+    /* outcomes a healthy CLOSED breaker does not have: rejections, slow calls, neutral
+     * (ignored) outcomes, stale permits (here rather than in fb_state_t since issue 26: four
+     * words less per breaker of a BreakerMap) */
+    int64_t rejected, slow_calls, ignored, stale;
     int64_t open_from;   /* OPEN: when the episode began (since_ns minus a fleet's shift) */
     int64_t fleet_gen;   /* the last fleet generation applied (written under a claim) */
     int64_t lat[1];      /* the latency histogram (cfg->nlat words), when timing */
@@ -58,7 +63,7 @@ typedef struct fb_state_s {
     int64_t gen_hi;      /* the generation's bits above the word's 22: a permit is the full count */
     int64_t since_ns;    /* OPEN: trip time; HALF_OPEN: latest probe admission */
     int64_t consec;      /* generation << 40 | consecutive failures */
-    int64_t permitted, rejected, successes, failures, slow_calls, ignored, stale;
+    int64_t permitted, successes, failures;  /* the rarer counts are fb_extra_t's */
 } fb_state_t;
 
 /* Who holds the busy bit of a shared breaker: the busy word it claimed, its process id and

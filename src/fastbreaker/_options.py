@@ -9,6 +9,7 @@ messages exist once.
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
 import logging
 from typing import Any, Callable, Concatenate, ParamSpec, Sequence, Union
@@ -321,7 +322,7 @@ class BreakerOptions:
         self.dry_run = _check_bool(dry_run, "dry_run")
         self.record_latency = _check_bool(record_latency, "record_latency")
         self.latency_bounds = _latency_bounds(latency_buckets)
-        self.latency_bounds_ns = tuple(round(b * 1e9) for b in self.latency_bounds)
+        self.latency_bounds_ns = _bounds_ns(self.latency_bounds)
 
     @property
     def timed(self) -> bool:
@@ -428,6 +429,13 @@ def _latency_bounds(value: object) -> tuple[float, ...]:
     if any(a >= b for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"latency_buckets must be strictly increasing, got {value!r}")
     return tuple(bounds)
+
+
+# Breakers with the same bounds (most often the defaults) share one tuple of ns: made per
+# breaker, its 14 large ints cost 600 bytes each (issue 26's regression of a standalone breaker).
+@functools.lru_cache(maxsize=64)
+def _bounds_ns(bounds: tuple[float, ...]) -> tuple[int, ...]:
+    return tuple(round(b * 1e9) for b in bounds)
 
 
 # -- RetryBudget ---------------------------------------------------------------------------------

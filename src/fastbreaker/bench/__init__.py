@@ -5,7 +5,7 @@ compiled core, its pure-Python twin, each installed peer (pybreaker, circuitbrea
 purgatory: ``pip install 'fastbreaker[bench]'``) and the floor (an empty method call on a Cython
 class), and prints one table.
 
-How it measures (also printed under the table and stored in ``--json``):
+How it measures (printed above the tables with ``--verbose``, and stored in ``--json``):
 
 * Each cell is a loop of ``n`` x 10 unrolled statements timed with ``time.perf_counter_ns``,
   minus the same loop around the baseline statement (``pass``, ``f()`` or ``await af()``) with

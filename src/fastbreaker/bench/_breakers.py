@@ -2,7 +2,7 @@
 
 pybreaker, circuitbreaker, aiobreaker and purgatory (``pip install 'fastbreaker[bench]'``) are
 each driven through their documented API; fastbreaker's rows use the core the selector picked
-and the twin. What each column means is in ``notes`` (printed under the table).
+and the twin. What each column means is in ``notes`` (printed with ``--verbose``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ COLUMNS = [
     ("bytes_per_host", "bytes/host", "B"),
     ("threads_created", "threads", ""),
 ]
-# The text and Markdown output: two tables of at most 6 columns, so that lines stay within
-# ``_format.WIDTH`` columns. Each title is formatted with the run's ``rounds`` and ``hosts``.
+# The text and Markdown output: two tables of at most 5 columns, so that lines stay within
+# ``_format.WIDTH`` columns (threads_created is a line of the summary: a column of zeros).
+# Each title is formatted with the run's ``rounds`` and ``hosts``.
 TABLES = [
     (
         "ns per operation, median of {rounds} rounds (lower is faster)",
@@ -41,7 +42,7 @@ TABLES = [
     (
         "call(f)-f() as a ratio to the floor's and to fastbreaker's; {hosts:,} hosts, one breaker "
         "each",
-        ["x_floor", "x_fastbreaker", "hosts_call_ns", "bytes_per_host", "threads_created"],
+        ["x_floor", "x_fastbreaker", "hosts_call_ns", "bytes_per_host"],
     ),
 ]
 # What fastbreaker's time is compared with, per peer, in the summary.
@@ -457,7 +458,13 @@ def _ratios(systems: Sequence[System]) -> None:
 
 def _summary(result: Mapping[str, Any]) -> list[str]:
     """What the user came for: the compiled core against the floors and against each peer."""
-    return summary_lines(
+    threads = [
+        f"{r['label']} {r['threads_created']}" for r in result["rows"] if r["threads_created"]
+    ]
+    started = ", ".join(threads) if threads else "none, by any system"
+    return [
+        f"threads started while building the {result['method']['hosts']:,} hosts: {started}"
+    ] + summary_lines(
         result,
         title="fastbreaker (compiled), from the tables above:",
         missing="The compiled core is not in this run, so there is nothing to compare it with.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-WIDTH = 100  # text and Markdown lines stay within this many columns
+WIDTH = 80  # text and Markdown lines stay within this many columns (a terminal)
 
 
 def fmt(key: str, value: Any) -> str:

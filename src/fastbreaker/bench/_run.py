@@ -30,6 +30,7 @@ from ._timing import (
     measure_setup,
     time_rounds,
 )
+from ._verdict import standalone_bytes
 
 
 class Progress:
@@ -74,6 +75,7 @@ def run_report(
     rounds = rounds or (9 if quick else 21)
     batch_ms = batch_ms or (8.0 if quick else 25.0)
     threads_before = threading.active_count()
+    started = time.perf_counter()
     date = datetime.datetime.now(datetime.timezone.utc)
     loop = asyncio.new_event_loop()
     try:
@@ -87,6 +89,7 @@ def run_report(
     )
     result["threads"] = {"before": threads_before, "after": threading.active_count()}
     result["date"] = date.isoformat(timespec="seconds")
+    result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
 
@@ -167,6 +170,7 @@ def _run(
         built = measure_setup(system.build_hosts, hosts)
         system.ns.update(built.pop("ns"))
         system.results.update(built)
+    standalone = standalone_bytes(parts[0][1], n_hosts)  # the breaker section's rows
 
     target_ns = batch_ms * 1e6
     progress(f"calibrating: batches of about {batch_ms:g} ms")
@@ -205,6 +209,7 @@ def _run(
             "making one guarded call per host, divided by the hosts (keys created beforehand)",
         },
         **_section_result(first, first_systems, first_skipped),
+        "standalone_bytes": standalone,
         "targets": compute_targets(
             first_systems,
             baselines_ns["loop iteration"],
