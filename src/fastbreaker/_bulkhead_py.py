@@ -155,7 +155,10 @@ class _Slots:
     def _setup(self, wait_s: float, max_waiting: int, name: Optional[str], clock: Any) -> None:
         if _initialised(self):
             raise RuntimeError(f"{type(self).__name__}.__init__ called twice: create a new one")
-        self._lock: AbstractContextManager[Any] = threading.Lock()
+        # Reentrant: a release by the finalizer of a task the GC collects while this thread is
+        # inside a counter step must not deadlock (a step allocates only where a finalizer's
+        # release cannot upset it: after its counts changed; see _settle_lock).
+        self._lock: AbstractContextManager[Any] = threading.RLock()
         self._queue = _b.WaitQueue()
         self._in_flight = self._waiting = 0
         self._admitted = self._rejected = self._timed_out = self._cancelled = 0
