@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from fastbreaker.testing import FakeClock
+from fastbreaker.testing import FakeClock, implementations
 
 JOIN_S = 10.0  # a passing run takes milliseconds; a deadlocked one never ends
 
@@ -385,3 +385,38 @@ def test_a_clock_failing_at_any_read_while_a_request_queues_loses_no_slot(
             break  # every read of a whole run has failed once
         fail_at += 1
     assert fail_at >= 3  # arrival, the wait's bound, the handoff at least
+
+
+def test_twin_counter_lock_a_holder_collected_under_it_does_not_deadlock() -> None:
+    # The twin keeps its counters under a lock (the compiled core uses atomics); metrics()
+    # allocates under it, so the GC may finalize an abandoned holder there, whose exit releases.
+    twin = implementations()["python"]
+    bh = twin.Bulkhead(1)
+
+    async def holder() -> None:
+        async with bh:
+            await asyncio.get_running_loop().create_future()  # never resolved
+
+    class CollectingLock:
+        """The twin's own lock, running the GC once right after it is taken."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.armed = True
+
+        def __enter__(self) -> None:
+            self.inner.__enter__()
+            if self.armed:
+                self.armed = False
+                gc.collect()
+
+        def __exit__(self, *exc_info: object) -> None:
+            self.inner.__exit__(*exc_info)
+
+    with quiet_asyncio():
+        gone = abandon(holder)
+        assert bh.in_flight == 1
+        bh._lock = CollectingLock(bh._lock)
+        in_thread(lambda: bh.metrics() and None)  # (a bound method would be shown: its repr locks)
+    assert gone() is None
+    assert (bh.in_flight, bh.metrics().admitted) == (0, 1)
