@@ -69,7 +69,7 @@ def in_thread(fn: Callable[[], None]) -> None:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(JOIN_S)
-    assert not t.is_alive(), "deadlocked: a finalizer waited for a lock its thread holds"
+    assert not t.is_alive(), "did not end: a cleanup waited for a lock (deadlock)"
     if errors:
         raise errors[0]
 
@@ -420,3 +420,44 @@ def test_twin_counter_lock_a_holder_collected_under_it_does_not_deadlock() -> No
         in_thread(lambda: bh.metrics() and None)  # (a bound method would be shown: its repr locks)
     assert gone() is None
     assert (bh.in_flight, bh.metrics().admitted) == (0, 1)
+
+
+def test_shedder_a_tasks_own_cleanup_does_not_wait_for_another_thread(
+    fb: types.SimpleNamespace, clock: FakeClock
+) -> None:
+    # Another thread holds the shedder's lock (stopped in a clock read under it); a waiting
+    # task's cleanup (GeneratorExit, what its finalizer throws in) must not wait for it: that
+    # thread may be waiting for a lock this one holds. The holder settles it as it leaves.
+    entered, go = threading.Event(), threading.Event()
+
+    def blocking_clock() -> int:
+        if threading.current_thread().name == "holder":
+            entered.set()
+            assert go.wait(JOIN_S)
+        return clock()
+
+    shedder = fb.LoadShedder(fb.Bulkhead(1), queue_timeout=100, clock=blocking_clock)
+    shedder.__enter__()
+
+    async def waits() -> None:
+        async with shedder:
+            pass
+
+    with quiet_asyncio():
+        task = pending_on_closed_loop(waits)
+        assert shedder.metrics().queue_len == 1
+        holder = threading.Thread(
+            target=lambda: shedder.__exit__(None, None, None), name="holder", daemon=True
+        )
+        holder.start()
+        assert entered.wait(JOIN_S)  # the holder is inside the handoff, under the lock
+        in_thread(task.get_coro().close)  # the task's cleanup returns at once
+        go.set()
+        holder.join(JOIN_S)
+        assert not holder.is_alive()
+        del task
+        gc.collect()
+    m = shedder.metrics()
+    assert (m.in_flight, m.queue_len, m.admitted) == (0, 0, 1)
+    with shedder:
+        assert shedder.metrics().in_flight == 1

@@ -335,11 +335,14 @@ def settle(core: Any, w: Waiter, reason: int) -> bool:
         return _settle(core, w, reason)
 
 
-def cancel(core: Any, w: Waiter) -> None:
+def cancel(core: Any, w: Waiter, exc: BaseException) -> None:
     """``settle(core, w, CANCELLED)`` that never waits for a lock this thread holds: it may run
     from the finalizer of a task collected while this thread is inside a locked section (its
-    loop was closed with the task waiting); then it runs when that section ends."""
-    core._queue.lock.run_or_defer(functools.partial(_settle, core, w, CANCELLED))
+    loop was closed with the task waiting); then it runs when that section ends. A task's own
+    cleanup (``GeneratorExit``) waits for no other thread either (see ``_settle_lock``)."""
+    core._queue.lock.run_or_defer(
+        functools.partial(_settle, core, w, CANCELLED), not isinstance(exc, GeneratorExit)
+    )
 
 
 def _settle(core: Any, w: Waiter, reason: int) -> bool:
@@ -412,8 +415,8 @@ def acquire(core: Any) -> None:
     timeout, dl = _limits(core)
     try:
         woke = lock.acquire(timeout=max(0.0, timeout))
-    except BaseException:
-        cancel(core, w)
+    except BaseException as exc:
+        cancel(core, w, exc)
         raise
     reason = WOKEN if woke else TIMED_OUT
     if dl is not None and dl.expired():
@@ -449,8 +452,8 @@ async def acquire_async(core: Any) -> None:
     handle = loop.call_later(max(0.0, timeout), _resolve, fut, False)
     try:
         woke = await fut
-    except BaseException:
-        cancel(core, w)
+    except BaseException as exc:
+        cancel(core, w, exc)
         raise
     finally:
         handle.cancel()

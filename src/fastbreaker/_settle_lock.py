@@ -9,9 +9,12 @@ lock would be no better: the finalizer would change the queue in the middle of a
 
 So the lock knows which thread holds it, and ``run_or_defer(fn)`` run by that thread (which is
 then inside a locked section, below it on its own stack) does not wait: it queues ``fn``, and the
-section runs it just before it releases the lock, when its own change is complete. No other
-thread ever defers (it waits its turn as usual), so nothing deferred outlives the section, and
-the counts are exact whenever the lock is free.
+section runs it just before it releases the lock, when its own change is complete. Another
+thread waits its turn as usual, except a task's own cleanup (``wait=False``, what a finalizer
+runs): it never waits, even for another thread (which may wait for a lock this thread holds),
+and if the lock is taken it queues ``fn`` for the holder, which runs it before it releases (or
+right after, if it was queued as the holder was releasing). The counts are exact whenever the
+lock is free.
 """
 
 from __future__ import annotations
@@ -52,6 +55,17 @@ class SettleLock:
         finally:
             self._owner = 0
             self._lock.release()
+        if self._later:  # queued by another thread as this one was releasing
+            self._run_later_if_free()
+
+    def _run_later_if_free(self) -> None:
+        while self._later and self._lock.acquire(False):
+            self._owner = _get_ident()
+            try:
+                self._run_later()
+            finally:
+                self._owner = 0
+                self._lock.release()
 
     def _run_later(self) -> None:
         # Each deferred step runs even if an earlier one raised; the first error is re-raised.
@@ -67,13 +81,22 @@ class SettleLock:
         if first is not None:
             raise first
 
-    def run_or_defer(self, fn: Callable[[], object]) -> bool:
+    def run_or_defer(self, fn: Callable[[], object], wait: bool = True) -> bool:
         """Run ``fn()`` under the lock and return True; or, when this thread holds the lock
-        already (a finalizer run inside a locked section), queue it to run before that section
-        releases the lock, and return False."""
+        already (a finalizer run inside a locked section), or another thread does and ``wait``
+        is False, queue it to run when the holder releases the lock, and return False."""
         if self._owner == _get_ident():
             self._later.append(fn)
             return False
-        with self:
+        if wait:
+            self._lock.acquire()
+        elif not self._lock.acquire(False):
+            self._later.append(fn)
+            self._run_later_if_free()  # the holder may have released meanwhile
+            return False
+        self._owner = _get_ident()
+        try:
             fn()
+        finally:
+            self.__exit__(None, None, None)
         return True

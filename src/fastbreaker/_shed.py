@@ -758,10 +758,14 @@ class LoadShedder(ShedderCore):
             self._rel()
         self._update_idle()
 
-    def _cancel(self, w: _Waiter) -> None:
+    def _cancel(self, w: _Waiter, exc: BaseException) -> None:
         """``w`` gives up: ``_settle(w, _CANCELLED)``, but never waiting for the lock when this
-        thread holds it (the finalizer of a task collected under it, see ``_settle_lock``)."""
-        self._lock.run_or_defer(functools.partial(self._settle_locked, w, _CANCELLED))
+        thread holds it (the finalizer of a task collected under it), nor for another thread
+        on a task's own cleanup (``GeneratorExit``); see ``_settle_lock``."""
+        self._lock.run_or_defer(
+            functools.partial(self._settle_locked, w, _CANCELLED),
+            not isinstance(exc, GeneratorExit),
+        )
 
     def _settle(self, w: _Waiter, how: int) -> bool:
         """End (or continue) ``w``'s wait: True if it holds a slot now, False to wait again (or,
@@ -816,8 +820,8 @@ class LoadShedder(ShedderCore):
                     woke = lock.acquire(timeout=self._wait_s(w))
                     if self._settle(w, _WOKEN if woke else _TIMEOUT):
                         break
-                except BaseException:  # interrupted, shed, or a clock failed: leave the queue
-                    self._cancel(w)
+                except BaseException as exc:  # interrupted, shed, or a clock failed
+                    self._cancel(w, exc)
                     raise
         if self._timed:
             self._start()
@@ -848,10 +852,10 @@ class LoadShedder(ShedderCore):
                         cell[0] = loop.create_future()
                     if self._settle(w, _WOKEN if woke else _TIMEOUT):
                         break
-                except BaseException:  # cancelled, shed, collected, or a clock failed
+                except BaseException as exc:  # cancelled, shed, collected, or a clock failed
                     if handle is not None:
                         handle.cancel()
-                    self._cancel(w)
+                    self._cancel(w, exc)
                     raise
         if self._timed:
             self._start()
