@@ -259,3 +259,5 @@ def test_a_header_name_that_is_not_a_token_names_the_parameter(
         LoadSheddingMiddleware(app, shedder, priority_header=name)
     with pytest.raises(ValueError, match="deadline_header must be a header name of ASCII"):
         LoadSheddingMiddleware(app, shedder, deadline_header=name)
+    with pytest.raises(ValueError, match="priority_header must be a header name of ASCII"):
+        BreakerTransport(priority_header=name)
