@@ -361,15 +361,20 @@ def _queue_and_release_thread(shedder: Any) -> list[str]:
     return results
 
 
+@pytest.mark.parametrize("limit_kind", ["Bulkhead", "AdaptiveLimiter"])
 @pytest.mark.parametrize("path", ["async", "thread"])
 def test_a_clock_failing_at_any_read_while_a_request_queues_loses_no_slot(
-    fb: types.SimpleNamespace, clock: FakeClock, path: str
+    fb: types.SimpleNamespace, clock: FakeClock, path: str, limit_kind: str
 ) -> None:
     run = _queue_and_release_async if path == "async" else _queue_and_release_thread
     fail_at = 1
     while True:
         clk = FailingClock(clock, fail_at)
-        limit = fb.Bulkhead(1)
+        limit = (
+            fb.Bulkhead(1)
+            if limit_kind == "Bulkhead"
+            else fb.AdaptiveLimiter(initial_limit=1, min_limit=1, max_limit=1, clock=clock)
+        )
         # codel_interval bounds each wait: a waiter re-checks within 1 ms (of real time).
         shedder = fb.LoadShedder(
             limit, queue_timeout=100, codel_target=0.0005, codel_interval=0.001, clock=clk
