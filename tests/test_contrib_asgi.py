@@ -247,3 +247,17 @@ def test_bad_arguments_name_the_parameter(fb: types.SimpleNamespace) -> None:
         BreakerTransport(priority_header=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="x-request-timeout"):
         parse_deadline("inf")
+
+
+@pytest.mark.parametrize("name", ["x-prio€", "x-priö", "x prio", "x:prio", "x-pr\x00io", "(x)"])
+def test_a_header_name_that_is_not_a_token_names_the_parameter(
+    fb: types.SimpleNamespace, name: str
+) -> None:
+    shedder = fb.LoadShedder(1)
+    app = make_app(Gate())
+    with pytest.raises(ValueError, match="priority_header must be a header name of ASCII"):
+        LoadSheddingMiddleware(app, shedder, priority_header=name)
+    with pytest.raises(ValueError, match="deadline_header must be a header name of ASCII"):
+        LoadSheddingMiddleware(app, shedder, deadline_header=name)
+    with pytest.raises(ValueError, match="priority_header must be a header name of ASCII"):
+        BreakerTransport(priority_header=name)

@@ -503,6 +503,31 @@ def test_keys_with_equal_str_give_one_series(fb, clock, otel):
     assert c("fastbreaker.map.open_keys", map="m", state="open") == 2
 
 
+class _Unprintable:
+    """A map key whose ``__str__`` raises (its ``repr`` works)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for this key")
+
+    def __repr__(self) -> str:
+        return "<Unprintable>"
+
+
+def test_a_key_whose_str_raises_is_labelled_by_its_repr(fb, clock, otel):
+    m = fb.BreakerMap(failure_threshold=1, clock=clock)
+    _fail(m, _Unprintable())
+    _fail(m, "plain")
+    breaker = fb.CircuitBreaker(name="api", clock=clock)
+    instrument(otel.meter, breakers=[breaker], maps={"m": m})
+    c = otel.collect()
+    assert {dict(k)["key"] for k in c.series("fastbreaker.map.key_state")} == {
+        "<Unprintable>",
+        "plain",
+    }
+    assert c("fastbreaker.map.open_keys", map="m", state="open") == 2
+    assert states(c, name="api")["closed"] == 1
+
+
 # -- budgets and bulkheads -----------------------------------------------------------------------
 def test_budget_tokens(fb, clock, otel):
     budget = fb.RetryBudget(ratio=0.5, capacity=10, min_per_sec=0, clock=clock)

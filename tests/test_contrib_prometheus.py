@@ -348,6 +348,29 @@ def test_keys_with_equal_str_give_one_series(fb, clock, registry, scrape):
     assert s("fastbreaker_map_open_keys", map="m", state="open") == 2
 
 
+class _Unprintable:
+    """A map key whose ``__str__`` raises (its ``repr`` works)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for this key")
+
+    def __repr__(self) -> str:
+        return "<Unprintable>"
+
+
+def test_a_key_whose_str_raises_is_labelled_by_its_repr(fb, clock, registry, scrape):
+    m = fb.BreakerMap(failure_threshold=1, clock=clock)
+    _fail(m, _Unprintable())
+    _fail(m, "plain")
+    breaker = fb.CircuitBreaker(name="api", clock=clock)
+    registry.register(BreakerCollector(breakers=[breaker], maps={"m": m}))
+    s = scrape()
+    keyed = s.series("fastbreaker_map_key_state")
+    assert {dict(k)["key"] for k in keyed} == {"<Unprintable>", "plain"}
+    assert s("fastbreaker_map_open_keys", map="m", state="open") == 2
+    assert states(s, name="api")["closed"] == 1
+
+
 # -- budgets -------------------------------------------------------------------------------------
 def test_budget_tokens(fb, clock, registry, scrape):
     budget = fb.RetryBudget(ratio=0.5, capacity=10, min_per_sec=0, clock=clock)

@@ -683,7 +683,7 @@ async def test_async_calls_for_one_key_are_not_coalesced(fb, clock) -> None:
     assert len(calls) == 3
 
 
-def test_stale_on_error_reads_the_clock_once_per_call(fb, clock) -> None:
+def test_stale_on_error_reads_the_clock_once_per_call_and_once_per_stale_answer(fb, clock) -> None:
     counting = CountingClock(clock)
     backend = Backend()
     get = fb.stale_on_error(1, stale_ttl=60, clock=counting)(backend)
@@ -691,10 +691,43 @@ def test_stale_on_error_reads_the_clock_once_per_call(fb, clock) -> None:
     get("a")  # fresh
     clock.advance(2)
     backend.error = OSError()
-    get("a")  # stale
-    assert counting.reads == 3
-    assert get.metrics().fallback_active_seconds == 0.0  # the run began at that call's start
-    assert counting.reads == 4  # metrics() reads it while degraded
+    get("a")  # stale: read at the start and when the failure is answered
+    assert counting.reads == 4
+    assert get.metrics().fallback_active_seconds == 0.0  # the run began at that answer
+    assert counting.reads == 5  # metrics() reads it while degraded
+
+
+@pytest.mark.parametrize("fails_at", [59.999, 60.0, 130.0])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_slow_failing_call_judges_the_age_when_it_is_served(fb, clock, fails_at, kind) -> None:
+    # stale_ttl 60, the result dated 0; a call starts at 30 and fails at fails_at: the result is
+    # fails_at old when it would be served.
+    def fail() -> str:
+        clock.advance(fails_at - 30)
+        raise ConnectionError("slow and down")
+
+    calls = iter([lambda: "good", fail])
+
+    def work(key: str) -> str:
+        return next(calls)()
+
+    async def awork(key: str) -> str:
+        return work(key)
+
+    get = fb.stale_on_error(10, stale_ttl=60, clock=clock)(work if kind == "sync" else awork)
+
+    def run() -> str:
+        return get("a") if kind == "sync" else asyncio.run(get("a"))
+
+    assert run() == "good"
+    clock.advance(30)
+    if fails_at < 60:
+        assert run() == "good"
+        assert get.metrics().stale_served == 1
+    else:
+        with pytest.raises(ConnectionError, match="slow and down"):
+            run()
+        assert get.metrics().stale_served == 0
 
 
 def test_stale_answers_are_logged_at_debug(fb, clock, caplog) -> None:

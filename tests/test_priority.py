@@ -7,6 +7,9 @@ import contextvars
 import threading
 
 import pytest
+from hypothesis import given, settings, strategies as st
+
+import fastbreaker
 
 
 def test_names_values_and_order(fb) -> None:
@@ -108,3 +111,23 @@ def test_a_load_shed_error_raised_through_a_breaker_is_neutral(fb) -> None:
             cb.call(shed)
     m = cb.metrics()
     assert (cb.state, m.failures, m.ignored) == (fb.State.CLOSED, 0, 3)
+
+
+@pytest.mark.parametrize("bad", ["+-1", "--2", "²", "٣", "9" * 5000, "1_0", "0x1", "ſheddable"])
+def test_malformed_text_gets_the_documented_error(fb, bad: str) -> None:
+    with pytest.raises(ValueError, match=r"priority must be one of SHEDDABLE, .* or 0\.\.3"):
+        fb.Priority.parse(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text() | st.from_regex(r"\s*[+-]{0,2}[0-9]{1,6}\s*", fullmatch=True))
+def test_any_text_parses_to_a_priority_or_the_documented_error(text: str) -> None:
+    for ns in fastbreaker.testing.implementations().values():
+        try:
+            got = ns.Priority.parse(text)
+        except ValueError as exc:
+            assert str(exc).startswith("priority must be one of SHEDDABLE, SHEDDABLE_PLUS, ")
+            assert "or 0..3, got " in str(exc)
+        else:
+            assert isinstance(got, ns.Priority)
+            assert got.name == text.strip().upper().replace("-", "_") or got == int(text.strip())

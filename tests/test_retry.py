@@ -181,6 +181,49 @@ def test_the_predicate_can_raise(fb: types.SimpleNamespace) -> None:
         fb.retry(on=on)(Flaky(ConnectionError()))()
 
 
+def _run_retried(fb: types.SimpleNamespace, path: str, f: Flaky, **options: Any) -> None:
+    """Call ``f`` retried through one of the call paths (each evaluates ``on`` in its own way)."""
+    if path == "sync":
+        fb.retry(**options)(f)()
+    elif path == "sync_deadline":  # a current deadline: the first attempt runs in run_from
+        with fb.deadline(60):
+            fb.retry(**options)(f)()
+    elif path == "async":
+
+        async def af() -> object:
+            return f()
+
+        asyncio.run(fb.retry(**options)(af)())
+    else:
+        for attempt in fb.retrying(**options):
+            with attempt:
+                f()
+
+
+@pytest.mark.parametrize("path", ["sync", "sync_deadline", "async", "block"])
+@pytest.mark.parametrize("fails_at", [1, 2])
+@pytest.mark.parametrize("hook", ["on", "on_retry"])
+def test_an_error_of_the_users_hook_carries_the_failure_as_its_context(
+    fb: types.SimpleNamespace, path: str, fails_at: int, hook: str
+) -> None:
+    calls = 0
+
+    def user_hook(*args: object) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == fails_at:
+            raise RuntimeError(hook)
+        return True
+
+    f = Flaky(ConnectionError("first"), ConnectionError("second"))
+    options: dict[str, Any] = {"on": user_hook} if hook == "on" else {"on": ConnectionError}
+    if hook == "on_retry":
+        options["on_retry"] = user_hook
+    with pytest.raises(RuntimeError, match=hook) as info:
+        _run_retried(fb, path, f, **options)
+    assert info.value.__context__ is f.raised[fails_at - 1]
+
+
 def test_on_retry_error_propagates(fb: types.SimpleNamespace, instant_blocks: list[float]) -> None:
     def on_retry(attempt: int, exc: Exception, delay: float) -> None:
         raise RuntimeError("hook")

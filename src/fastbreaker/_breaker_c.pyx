@@ -1059,6 +1059,11 @@ fb_ready_init()
 # (collections.abc): send, throw, close, __await__, so asyncio.create_task() takes it. When a
 # coroutine awaits it, CPython drives it through its am_send slot (gc_am_send) where the
 # interpreter uses that slot (3.10, 3.11): no StopIteration is made for its result.
+# It answers every driver as a coroutine does (the twin's call_async is one): driven from inside
+# its own call (``executing``: while fn or its awaitable runs) it raises ValueError("coroutine
+# already executing") and changes nothing; once finished or closed, send and throw raise
+# RuntimeError("cannot reuse already awaited coroutine"); StopIteration thrown in before the
+# start becomes RuntimeError (PEP 479), as a coroutine's frame converts it.
 cdef extern from "Python.h":
     int PyIter_Send(PyObject *iter, PyObject *arg, PyObject **presult)
     bint PyCoro_CheckExact(object o)
@@ -1086,6 +1091,7 @@ cdef class GuardedCall:
     cdef object fn, args, kwargs, inner
     cdef int64_t permit, start
     cdef int state
+    cdef bint executing
 
     def __await__(self):
         return self
@@ -1121,8 +1127,14 @@ cdef class GuardedCall:
         gc_close(self)
 
     def __del__(self):
-        if self.state == GC_RUNNING:
+        if self.state == GC_RUNNING and not self.executing:
             gc_close(self)
+
+
+cdef int gc_not_executing(GuardedCall g) except -1:
+    if g.executing:
+        raise ValueError("coroutine already executing")
+    return 0
 
 
 cdef object gc_start(GuardedCall g):
@@ -1139,12 +1151,15 @@ cdef object gc_start(GuardedCall g):
         raise open_error(b)
     if cfg_of(&b.st).timed:
         start = _calls.start_or_release(b, permit)
+    g.executing = 1
     try:
         aw = fn(*args, **kwargs)
         inner = aw if PyCoro_CheckExact(aw) else _calls.awaiting(aw)
     except BaseException as exc:
+        g.executing = 0
         _calls.finish_raised(b, permit, start, exc)
         raise
+    g.executing = 0
     g.permit = permit
     g.start = start
     g.inner = inner
@@ -1178,6 +1193,8 @@ cdef object gc_advance(GuardedCall g, value, int *returned):
     """One step: what fn's awaitable yields, or (``returned`` set) what it returned."""
     cdef PyObject *out = NULL
     cdef int r
+    if g.executing:
+        raise ValueError("coroutine already executing")
     if g.state == GC_NEW:
         if value is not None:
             raise TypeError("can't send non-None value to a just-started coroutine")
@@ -1185,8 +1202,10 @@ cdef object gc_advance(GuardedCall g, value, int *returned):
     elif g.state == GC_DONE:
         raise RuntimeError("cannot reuse already awaited coroutine")
     inner = g.inner
+    g.executing = 1
+    r = PyIter_Send(<PyObject *>inner, <PyObject *>value, &out)
+    g.executing = 0
     try:
-        r = PyIter_Send(<PyObject *>inner, <PyObject *>value, &out)
         if r == -1:
             raise_current()
     except BaseException as exc:
@@ -1201,34 +1220,48 @@ cdef object gc_advance(GuardedCall g, value, int *returned):
 
 
 cdef object gc_throw(GuardedCall g, typ, val, tb, int *returned):
-    if g.state != GC_RUNNING:
-        # not started or finished: as a coroutine, it raises the exception it is given
+    gc_not_executing(g)
+    if g.state == GC_DONE:
+        raise RuntimeError("cannot reuse already awaited coroutine")
+    if g.state == GC_NEW:
+        # not started: as a coroutine, it raises the exception it is given (and is finished)
         g.state = GC_DONE
         g.fn = g.args = g.kwargs = None
-        return _calls.throw_into(None, typ, val, tb)
+        try:
+            return _calls.throw_into(None, typ, val, tb)
+        except StopIteration as stop:
+            raise RuntimeError("coroutine raised StopIteration") from stop
     inner = g.inner
+    g.executing = 1
     try:
         result = _calls.throw_into(inner, typ, val, tb)
     except StopIteration as stop:
+        g.executing = 0
         returned[0] = 1
         return gc_returned(g, stop.value)
     except BaseException as exc:
+        g.executing = 0
         gc_raised(g, exc)
         raise
+    g.executing = 0
     return result
 
 
 cdef object gc_close(GuardedCall g):
+    gc_not_executing(g)
     if g.state != GC_RUNNING:
         g.state = GC_DONE
         g.fn = g.args = g.kwargs = None
         return
     inner = g.inner
+    g.executing = 1
     try:
         inner.close()
     except BaseException as exc:
+        g.executing = 0
         gc_raised(g, exc)
         raise
+    g.executing = 0
     gc_raised(g, GeneratorExit())
 
 

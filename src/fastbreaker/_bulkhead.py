@@ -43,6 +43,7 @@ from . import _calls
 from ._deadline import Deadline, current_var
 from ._durations import check_clock, seconds_to_ns
 from ._errors import BulkheadFullError, DeadlineExceeded
+from ._settle_lock import SettleLock
 
 __all__ = ["BulkheadMetrics"]
 
@@ -255,7 +256,7 @@ class WaitQueue:
     __slots__ = ("lock", "q", "live")
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = SettleLock()
         self.q: collections.deque[Waiter] = collections.deque()
         self.live = 0
 
@@ -301,11 +302,16 @@ def drain(core: Any) -> None:
 
 
 def release_slow(core: Any) -> None:
-    """``release()`` when someone waits: free the slot and hand it on, under the queue lock."""
-    with core._queue.lock:
-        if not core._q_free():
-            raise RuntimeError("release() without a matching acquisition: nothing is held")
-        drain(core)
+    """``release()`` when someone waits: free the slot and hand it on, under the queue lock
+    (deferred to the end of the locked section when this thread holds the lock already: a
+    release by the finalizer of a task collected there, see ``_settle_lock``)."""
+    core._queue.lock.run_or_defer(functools.partial(_free_and_drain, core))
+
+
+def _free_and_drain(core: Any) -> None:
+    if not core._q_free():
+        raise RuntimeError("release() without a matching acquisition: nothing is held")
+    drain(core)
 
 
 def enter(core: Any, wake: Callable[[], None]) -> Optional[Waiter]:
@@ -326,20 +332,36 @@ def enter(core: Any, wake: Callable[[], None]) -> Optional[Waiter]:
 def settle(core: Any, w: Waiter, reason: int) -> bool:
     """End ``w``'s wait; True if it now holds a slot. See the module docstring."""
     with core._queue.lock:
-        if w.state == GRANTED:
-            if reason == WOKEN or reason == TIMED_OUT:
-                w.state = GONE
-                core._q_count(WOKEN)
-                return True
+        return _settle(core, w, reason)
+
+
+def cancel(core: Any, w: Waiter, exc: BaseException) -> None:
+    """``settle(core, w, CANCELLED)`` that never waits for a lock this thread holds: it may run
+    from the finalizer of a task collected while this thread is inside a locked section (its
+    loop was closed with the task waiting); then it runs when that section ends. A task's own
+    cleanup (``GeneratorExit``) waits for no other thread either (see ``_settle_lock``)."""
+    core._queue.lock.run_or_defer(
+        functools.partial(_settle, core, w, CANCELLED), not isinstance(exc, GeneratorExit)
+    )
+
+
+def _settle(core: Any, w: Waiter, reason: int) -> bool:
+    if w.state == GRANTED:
+        if reason == WOKEN or reason == TIMED_OUT:
             w.state = GONE
-            core._q_unreserve()  # the slot came too late, or the waiter gave up: pass it on
-            drain(core)
-        else:
-            w.state = GONE
-            core._q_leave()
-            core._queue.forget(w)
-        core._q_count(reason)
-        return False
+            core._q_count(WOKEN)
+            return True
+        w.state = GONE
+        core._q_unreserve()  # the slot came too late, or the waiter gave up: pass it on
+        drain(core)
+    elif w.state == GONE:
+        return False  # drain found its loop closed: it passed the slot on and counted it
+    else:
+        w.state = GONE
+        core._q_leave()
+        core._queue.forget(w)
+    core._q_count(reason)
+    return False
 
 
 def _limits(core: Any) -> tuple[float, Optional[Deadline]]:
@@ -393,8 +415,8 @@ def acquire(core: Any) -> None:
     timeout, dl = _limits(core)
     try:
         woke = lock.acquire(timeout=max(0.0, timeout))
-    except BaseException:
-        settle(core, w, CANCELLED)
+    except BaseException as exc:
+        cancel(core, w, exc)
         raise
     reason = WOKEN if woke else TIMED_OUT
     if dl is not None and dl.expired():
@@ -430,8 +452,8 @@ async def acquire_async(core: Any) -> None:
     handle = loop.call_later(max(0.0, timeout), _resolve, fut, False)
     try:
         woke = await fut
-    except BaseException:
-        settle(core, w, CANCELLED)
+    except BaseException as exc:
+        cancel(core, w, exc)
         raise
     finally:
         handle.cancel()

@@ -164,7 +164,10 @@ class _Slots:
     def _setup(self, wait_s: float, max_waiting: int, name: Optional[str], clock: Any) -> None:
         if _initialised(self):
             raise RuntimeError(f"{type(self).__name__}.__init__ called twice: create a new one")
-        self._lock: AbstractContextManager[Any] = threading.Lock()
+        # Reentrant: the GC may run inside a counter step that allocates (metrics() builds its
+        # snapshot under it), and the finalizer of an abandoned task there releases its slot
+        # (see _settle_lock); the steps that change counts allocate nothing the GC tracks.
+        self._lock: AbstractContextManager[Any] = threading.RLock()
         self._queue = _b.WaitQueue()
         self._in_flight = self._waiting = 0
         self._admitted = self._rejected = self._timed_out = self._cancelled = 0

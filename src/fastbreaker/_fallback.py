@@ -323,8 +323,9 @@ def stale_on_error(
     is younger than ``stale_ttl`` (a degraded answer, counted in ``stale_served`` and logged at
     DEBUG on the ``fastbreaker`` logger); past that, or with no result for the key, or for any
     other error, the error propagates. Unlike the HTTP directive, ``stale_ttl`` is the total
-    age of the result, not the time since it went stale. A result is dated when its call began
-    (the clock is read once per call).
+    age of the result, not the time since it went stale. A result is dated when its call began;
+    its age is judged when it is served (the clock is read when a call begins, and again when
+    a failure is answered stale).
 
     At most ``max_entries`` keys are kept, the least recently used (stored, answered fresh or
     served stale) dropped first; an entry found too old to serve is dropped. The cache's lock is
@@ -342,7 +343,7 @@ def stale_on_error(
             arguments themselves (then they must be hashable; keyword order does not matter,
             ``f(1)`` and ``f(x=1)`` are different keys); unhashable ones raise ``TypeError``.
         clock: monotonic time in int nanoseconds (default ``time.monotonic_ns``), read once per
-            call and by ``metrics()``; ``fastbreaker.testing.FakeClock`` in tests.
+            call (twice for a failure), and by ``metrics()``; ``fastbreaker.testing.FakeClock`` in tests.
     """
     ttl_ns = seconds_to_ns(ttl, "ttl")
     stale_ns = seconds_to_ns(stale_ttl, "stale_ttl")
@@ -383,6 +384,15 @@ def stale_on_error(
                 raise
             return t, k, cache.fresh(k, t)
 
+        def serve_stale(k: Hashable, exc: Exception) -> Any:
+            # The age is judged now, when the answer is served: a slow failing call must not
+            # serve a result that grew older than stale_ttl while it ran.
+            t = now()
+            value = cache.stale(k, t)
+            if value is not _MISSING:
+                cache.degraded(t, exc, stale=True)
+            return value
+
         if is_async:
             afn = cast(Callable[..., Awaitable[Any]], fn)
 
@@ -396,10 +406,9 @@ def stale_on_error(
                 except Exception as exc:
                     if not matches(exc):
                         raise
-                    value = cache.stale(k, t)
+                    value = serve_stale(k, exc)
                     if value is _MISSING:
                         raise
-                    cache.degraded(t, exc, stale=True)
                     return value
                 cache.store(k, t, result)
                 return result
@@ -416,10 +425,9 @@ def stale_on_error(
             except Exception as exc:
                 if not matches(exc):
                     raise
-                value = cache.stale(k, t)
+                value = serve_stale(k, exc)
                 if value is _MISSING:
                     raise
-                cache.degraded(t, exc, stale=True)
                 return cast(T, value)
             cache.store(k, t, result)
             return result

@@ -92,14 +92,16 @@ class Metrics:
 def non_closed_keys(breakers: Any) -> list[tuple[str, Any]]:
     """``(str(key), state)`` of each key of a ``BreakerMap`` that is not CLOSED, in ``str(key)``
     order (so that exporters bounding their per-key series pick the same keys every time), one
-    per ``str(key)`` (1 and "1" would give duplicate series: the first one wins)."""
-    from ._errors import State
+    per ``str(key)`` (1 and "1" would give duplicate series: the first one wins). A key whose
+    ``__str__`` raises is labelled as its breaker is named (``label_name``: its ``repr``), so one
+    such key cannot break a whole export."""
+    from ._errors import State, label_name
 
     found: list[tuple[str, Any]] = []
     for key in breakers.open_keys():
         breaker = breakers.get(key)
         state = State(breaker.state) if breaker is not None else State.CLOSED
         if state != State.CLOSED:  # it may have closed since open_keys() looked
-            found.append((str(key), state))
+            found.append((label_name(key) or "None", state))
     found.sort()
     return [kv for i, kv in enumerate(found) if i == 0 or kv[0] != found[i - 1][0]]

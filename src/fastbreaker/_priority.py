@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import re
 from types import TracebackType
 
 __all__ = ["Priority", "current_priority", "priority"]
+
+# An integer as a header carries it: ASCII digits with at most one sign. A longer run of digits
+# than this cannot be 0..3 whatever its leading zeros, and int() refuses over 4,300 digits.
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,32}", re.ASCII)
 
 
 class Priority(enum.IntEnum):
@@ -38,15 +43,17 @@ class Priority(enum.IntEnum):
                 raise ValueError(f"priority must be in 0..3, got {value}") from None
         if isinstance(value, str):
             text = value.strip()
-            if text.lstrip("+-").isdigit():
-                return cls.parse(int(text))
-            try:
-                return cls[text.upper().replace("-", "_")]
-            except KeyError:
-                names = ", ".join(p.name for p in cls)
-                raise ValueError(
-                    f"priority must be one of {names} or 0..3, got {value!r}"
-                ) from None
+            if _INT_TEXT.fullmatch(text):
+                level = int(text)
+                if 0 <= level <= 3:
+                    return cls(level)
+            elif text.isascii():
+                member = cls.__members__.get(text.upper().replace("-", "_"))
+                if member is not None:
+                    return member
+            names = ", ".join(p.name for p in cls)
+            shown = repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+            raise ValueError(f"priority must be one of {names} or 0..3, got {shown}")
         raise TypeError(f"priority must be a Priority, an int 0..3 or a name, got {value!r}")
 
 

@@ -180,7 +180,17 @@ class Policy:
 
     def after_failure(self, attempt: int, exc: Exception, dl: Deadline | None) -> float | None:
         """Attempt number ``attempt`` failed with ``exc``: the delay before the next attempt, or
-        ``None`` to re-raise ``exc`` unchanged. Raises ``DeadlineExceeded`` from ``exc``."""
+        ``None`` to re-raise ``exc`` unchanged. Raises ``DeadlineExceeded`` from ``exc``; an
+        error of the user's ``on`` predicate or ``on_retry`` carries ``exc`` as its context
+        (callers run this outside their ``except`` block, so Python would not chain it)."""
+        try:
+            return self._next_delay(attempt, exc, dl)
+        except BaseException as err:
+            if err is not exc and err.__context__ is None:
+                err.__context__ = exc
+            raise
+
+    def _next_delay(self, attempt: int, exc: Exception, dl: Deadline | None) -> float | None:
         if isinstance(
             exc, (CircuitOpenError, BulkheadFullError, LoadShedError)
         ) or not self.matches(exc):

@@ -114,6 +114,7 @@ from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
 from ._errors import LoadShedError
 from ._priority import current_var as _priority_var
 from ._select import COMPILED
+from ._settle_lock import SettleLock
 
 # The admission fast path (``with shedder:`` while nobody waits) is the base class: compiled, or
 # its twin (``_shed_py``, which documents the fields it shares with the queue below).
@@ -310,7 +311,7 @@ class LoadShedder(ShedderCore):
         self._acq: Callable[[], bool] = lim._try_admit
         self._rel = lim.release
         self._try = self._try_timed if self._timed else self._acq
-        self._lock = threading.Lock()
+        self._lock = SettleLock()
         self._levels: tuple[collections.deque[_Waiter], ...] = tuple(
             collections.deque() for _ in range(_LEVELS)
         )
@@ -481,19 +482,25 @@ class LoadShedder(ShedderCore):
             if self._live or self._first_above is not None or self._dropping:
                 self._kick()  # read after the release: a waiter that queued meanwhile is seen
             return
-        with self._lock:
-            self._drain(True)
-            self._update_idle()
+        # An exit may run from the finalizer of a task collected under the lock: never wait
+        # for it there (see _settle_lock); the same for _kick and a waiter's cancellation.
+        self._lock.run_or_defer(self._hand_on)
+
+    def _hand_on(self) -> None:
+        self._drain(True)
+        self._update_idle()
 
     def _kick(self) -> None:
         """A slot was freed outside the lock: under it, hand free slots to the queue, or note the
         empty queue for CoDel."""
-        with self._lock:
-            if self._live:
-                self._drain(False)
-            else:
-                self._queue_empty()
-            self._update_idle()
+        self._lock.run_or_defer(self._kick_locked)
+
+    def _kick_locked(self) -> None:
+        if self._live:
+            self._drain(False)
+        else:
+            self._queue_empty()
+        self._update_idle()
 
     def _update_idle(self) -> None:
         self._idle = (
@@ -517,7 +524,11 @@ class LoadShedder(ShedderCore):
                     return
                 have = True
             if now < 0:
-                now = self._now()
+                try:
+                    now = self._now()
+                except BaseException:
+                    self._rel()  # the clock failed: nobody can be handed the slot held now
+                    raise
             w = self._dequeue(now)
             if w is None:
                 self._rel()
@@ -702,7 +713,11 @@ class LoadShedder(ShedderCore):
             self._live += 1
             self._queued += 1
             self._idle = False
-            self._drain(False)  # a slot freed by a fast release that missed this waiter
+            try:
+                self._drain(False)  # a slot freed by a fast release that missed this waiter
+            except BaseException:  # the clock failed: this arrival does not stay queued
+                self._abort(w)
+                raise
             if w.state == _GRANTED:
                 w.state = _GONE
                 self._admit_one()
@@ -734,44 +749,65 @@ class LoadShedder(ShedderCore):
             left = min(left, dl.remaining_ns())
         return max(0, left) / 1e9
 
+    def _abort(self, w: _Waiter) -> None:
+        """Under the lock: ``w`` leaves at once (its arrival failed), passing on a slot."""
+        if w.state == _WAITING:
+            self._leave(w)
+        elif w.state == _GRANTED:
+            w.state = _GONE
+            self._rel()
+        self._update_idle()
+
+    def _cancel(self, w: _Waiter, exc: BaseException) -> None:
+        """``w`` gives up: ``_settle(w, _CANCELLED)``, but never waiting for the lock when this
+        thread holds it (the finalizer of a task collected under it), nor for another thread
+        on a task's own cleanup (``GeneratorExit``); see ``_settle_lock``."""
+        self._lock.run_or_defer(
+            functools.partial(self._settle_locked, w, _CANCELLED),
+            not isinstance(exc, GeneratorExit),
+        )
+
     def _settle(self, w: _Waiter, how: int) -> bool:
         """End (or continue) ``w``'s wait: True if it holds a slot now, False to wait again (or,
         for ``_CANCELLED``, to re-raise); ``LoadShedError`` if it was shed."""
         with self._lock:
-            if w.state == _WAITING:
-                if how == _CANCELLED:
-                    self._leave(w)
-                    self._update_idle()
-                    return False
-                self._drain(False)  # a slot freed outside the shedder (see the docstring)
-            if w.state == _GRANTED:
-                w.state = _GONE
-                if how != _CANCELLED and not _expired(w.dl):
-                    self._admit_one()
-                    return True
-                self._drain(True)  # given up, or the slot came too late: pass it on
+            return self._settle_locked(w, how)
+
+    def _settle_locked(self, w: _Waiter, how: int) -> bool:
+        if w.state == _WAITING:
+            if how == _CANCELLED:
+                self._leave(w)
                 self._update_idle()
-                if how == _CANCELLED:
-                    return False
-                raise self._refuse("deadline", self._now())
-            if w.state == _SHED:
-                w.state = _GONE
-                self._update_idle()
-                if how == _CANCELLED:
-                    return False
-                raise LoadShedError(self._name, w.reason, w.hint)
-            if w.state == _GONE:
                 return False
-            now = self._now()
-            if _expired(w.dl):
-                self._leave(w)
-                self._update_idle()
-                raise self._refuse("deadline", now)
-            if now - w.enq >= self._qt:
-                self._leave(w)
-                self._update_idle()
-                raise self._refuse("too_old", now)
+            self._drain(False)  # a slot freed outside the shedder (see the docstring)
+        if w.state == _GRANTED:
+            w.state = _GONE
+            if how != _CANCELLED and not _expired(w.dl):
+                self._admit_one()
+                return True
+            self._drain(True)  # given up, or the slot came too late: pass it on
+            self._update_idle()
+            if how == _CANCELLED:
+                return False
+            raise self._refuse("deadline", self._now())
+        if w.state == _SHED:
+            w.state = _GONE
+            self._update_idle()
+            if how == _CANCELLED:
+                return False
+            raise LoadShedError(self._name, w.reason, w.hint)
+        if w.state == _GONE:
             return False
+        now = self._now()
+        if _expired(w.dl):
+            self._leave(w)
+            self._update_idle()
+            raise self._refuse("deadline", now)
+        if now - w.enq >= self._qt:
+            self._leave(w)
+            self._update_idle()
+            raise self._refuse("too_old", now)
+        return False
 
     def _acquire(self) -> None:
         """The slow path of ``with``: wait on a lock of this thread's own."""
@@ -782,11 +818,11 @@ class LoadShedder(ShedderCore):
             while True:
                 try:
                     woke = lock.acquire(timeout=self._wait_s(w))
-                except BaseException:
-                    self._settle(w, _CANCELLED)
+                    if self._settle(w, _WOKEN if woke else _TIMEOUT):
+                        break
+                except BaseException as exc:  # interrupted, shed, or a clock failed
+                    self._cancel(w, exc)
                     raise
-                if self._settle(w, _WOKEN if woke else _TIMEOUT):
-                    break
         if self._timed:
             self._start()
 
@@ -806,18 +842,20 @@ class LoadShedder(ShedderCore):
         if w is not None:
             while True:
                 fut = cell[0]
-                handle = loop.call_later(self._wait_s(w), _resolve, fut, False)
+                handle: Optional[asyncio.TimerHandle] = None
                 try:
+                    handle = loop.call_later(self._wait_s(w), _resolve, fut, False)
                     woke = await fut
-                except BaseException:
-                    self._settle(w, _CANCELLED)
-                    raise
-                finally:
                     handle.cancel()
-                if not woke:
-                    # before settling: a wake after settle decides to wait again finds this one
-                    cell[0] = loop.create_future()
-                if self._settle(w, _WOKEN if woke else _TIMEOUT):
-                    break
+                    if not woke:
+                        # before settling: a wake after settle decides to wait again finds it
+                        cell[0] = loop.create_future()
+                    if self._settle(w, _WOKEN if woke else _TIMEOUT):
+                        break
+                except BaseException as exc:  # cancelled, shed, collected, or a clock failed
+                    if handle is not None:
+                        handle.cancel()
+                    self._cancel(w, exc)
+                    raise
         if self._timed:
             self._start()

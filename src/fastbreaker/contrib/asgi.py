@@ -32,6 +32,7 @@ Starlette, uvicorn and anyio are in the ``asgi`` extra, for serving and testing.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Awaitable, Callable, Collection, Iterable, MutableMapping
 from typing import Any, Optional
 
@@ -69,10 +70,19 @@ def parse_deadline(value: str) -> float:
     return seconds
 
 
+# A header name is an RFC 9110 token: ASCII letters, digits and these marks.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)
+
+
 def _header_name(value: object, param: str) -> bytes:
     if not isinstance(value, str) or not value or value != value.strip():
         raise TypeError(f"{param} must be a non-empty header name (str), got {value!r}")
-    return value.lower().encode("latin-1")
+    if not _TOKEN.fullmatch(value):
+        raise ValueError(
+            f"{param} must be a header name of ASCII letters, digits and "
+            f"!#$%&'*+-.^_`|~ only, got {value!r}"
+        )
+    return value.lower().encode("ascii")
 
 
 def _exempt_paths(exempt: object) -> tuple[str, ...]:

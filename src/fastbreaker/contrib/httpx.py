@@ -40,6 +40,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import math
+import re
 from collections.abc import AsyncIterator, Callable, Collection, Hashable, Iterator
 from typing import Any, NamedTuple, Optional, Union, cast
 
@@ -78,6 +79,9 @@ __all__ = [
     "default_is_failure",
     "origin",
 ]
+
+# A header name is an RFC 9110 token: ASCII letters, digits and these marks.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)
 
 Outcome = Union[httpx.Response, Exception]
 """What ``is_failure`` and ``on_retry`` receive: a response (body not read yet) or an error."""
@@ -389,6 +393,11 @@ class _Core:
         ):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise TypeError(f"{name} must be a header name (str) or None, got {value!r}")
+            if value is not None and not _TOKEN.fullmatch(value):
+                raise ValueError(
+                    f"{name} must be a header name of ASCII letters, digits and "
+                    f"!#$%&'*+-.^_`|~ only, got {value!r}"
+                )
         self.headers = (priority_header, deadline_header)
 
     def admit(self, request: httpx.Request) -> _Report:
