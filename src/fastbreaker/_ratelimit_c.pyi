@@ -1,0 +1,4 @@
+"""Type stub of the compiled RateLimiter and RateLimiterMap; they mirror the twin in
+``_ratelimit_py``."""
+
+from ._ratelimit_py import RateLimiter as RateLimiter, RateLimiterMap as RateLimiterMap
