@@ -52,6 +52,6 @@ cdef class RateLimiter:
     cdef object _clock
     cdef object _rates
     cdef object _name
-    cdef object _queues
+    cdef public object _queues
     cdef bint _ready
     cdef object __weakref__
