@@ -50,7 +50,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class RateLimiterMetrics(NamedTuple):
-    """Counts of a ``RateLimiter`` since it was made."""
+    """Counts of a ``RateLimiter`` since it was made: requests ``admitted`` and ``rejected``
+    (every refused ``try_acquire``, including a waiting ``acquire``'s tries), the units of each
+    (``admitted_units``, ``rejected_units``), and ``waits``: calls of ``acquire`` or
+    ``acquire_async`` that had to wait."""
 
     admitted: int
     rejected: int
@@ -60,7 +63,8 @@ class RateLimiterMetrics(NamedTuple):
 
 
 class RateLimiterMapMetrics(NamedTuple):
-    """A ``RateLimiterMap``'s keys now, keys evicted, and requests admitted and rejected."""
+    """A ``RateLimiterMap``'s ``keys`` now, keys ``evicted`` so far, and requests ``admitted``
+    and ``rejected`` so far."""
 
     keys: int
     evicted: int

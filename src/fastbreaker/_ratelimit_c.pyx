@@ -143,10 +143,10 @@ cdef inline int64_t _weight(object weight, fb_rate_cfg_t *c, object owner) excep
 
 @cython.final
 cdef class RateLimiter:
-    """A GCRA rate limiter over one or more rates (``Rate`` objects or strings such as
-    ``"10/s"``), all of which must admit a request (all or nothing). ``clock`` (a zero-argument
-    callable returning int ns, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic
-    clock."""
+    """A GCRA rate limiter over one or more ``rates`` (``Rate`` objects or strings such as
+    ``"10/s"``), all of which must admit a request (all or nothing). ``name`` labels it in
+    errors; ``clock`` (a zero-argument callable returning int ns, such as
+    ``fastbreaker.testing.FakeClock``) replaces the monotonic clock."""
 
     def __init__(self, *rates, name=None, clock=None):
         if self._ready:
@@ -226,7 +226,8 @@ cdef class RateLimiter:
         _rl.acquire(self, _rl._NOKEY, _weight(weight, &self.cfg, self), timeout)
 
     def acquire_async(self, weight=1, *, timeout=None):
-        """As ``acquire``, awaiting; waiters are served in arrival order."""
+        """As ``acquire(weight, timeout=timeout)``, awaiting; waiters are served in arrival
+        order."""
         _check(self._ready)
         return _rl.acquire_async(self, _rl._NOKEY, _weight(weight, &self.cfg, self), timeout)
 
@@ -257,7 +258,8 @@ cdef class RateLimiter:
         return _rl.call_async(self, _rl._NOKEY, fn, args, kwargs)
 
     def __call__(self, fn):
-        """``@limiter``: every call charges one unit or raises ``RateLimitedError``."""
+        """``@limiter`` on a function ``fn`` (sync or async): every call charges one unit or
+        raises ``RateLimitedError``."""
         _check(self._ready)
         return _rl.decorate(self, fn)
 
@@ -298,9 +300,9 @@ cdef _Key _new_key(RateLimiterMap m):
 
 @cython.final
 cdef class RateLimiterMap:
-    """One GCRA limiter per key, at most ``max_keys`` of them: a full map evicts idle keys
-    (every rate's TAT in the past: nothing is lost) first, then the least recently used (whose
-    debt is forgotten)."""
+    """One GCRA limiter per key over the same ``rates``, at most ``max_keys`` of them: a full
+    map evicts idle keys (every rate's TAT in the past: nothing is lost) first, then the least
+    recently used (whose debt is forgotten). ``name`` and ``clock`` as for ``RateLimiter``."""
 
     cdef fb_rate_cfg_t cfg
     cdef int64_t counts[5]
@@ -413,12 +415,14 @@ cdef class RateLimiterMap:
         return None
 
     def acquire(self, key, weight=1, *, timeout=None):
-        """Sleep until ``key`` admits ``weight`` units (see ``RateLimiter.acquire``)."""
+        """Sleep until ``key`` admits ``weight`` units; ``RateLimitedError`` at once if the wait
+        would outlast ``timeout`` (seconds) or the current deadline."""
         _check(self._ready)
         _rl.acquire(self, key, _weight(weight, &self.cfg, self), timeout)
 
     def acquire_async(self, key, weight=1, *, timeout=None):
-        """As ``acquire``, awaiting; waiters of one key are served in arrival order."""
+        """As ``acquire(key, weight, timeout=timeout)``, awaiting; waiters of one key are
+        served in arrival order."""
         _check(self._ready)
         return _rl.acquire_async(self, key, _weight(weight, &self.cfg, self), timeout)
 
@@ -427,7 +431,8 @@ cdef class RateLimiterMap:
         return _rl.call(self, key, fn, args, kwargs)
 
     def call_async(self, key, fn, /, *args, **kwargs):
-        """``await fn(...)`` if ``key`` admits one unit now, else ``RateLimitedError``."""
+        """``await fn(*args, **kwargs)`` if ``key`` admits one unit now, else
+        ``RateLimitedError``."""
         return _rl.call_async(self, key, fn, args, kwargs)
 
     def __len__(self):

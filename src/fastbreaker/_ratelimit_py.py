@@ -70,10 +70,10 @@ class _Config:
 
 @final
 class RateLimiter:
-    """A GCRA rate limiter over one or more rates (``Rate`` objects or strings such as
-    ``"10/s"``), all of which must admit a request (all or nothing). ``clock`` (a zero-argument
-    callable returning int ns, such as ``fastbreaker.testing.FakeClock``) replaces the monotonic
-    clock."""
+    """A GCRA rate limiter over one or more ``rates`` (``Rate`` objects or strings such as
+    ``"10/s"``), all of which must admit a request (all or nothing). ``name`` labels it in
+    errors; ``clock`` (a zero-argument callable returning int ns, such as
+    ``fastbreaker.testing.FakeClock``) replaces the monotonic clock."""
 
     __slots__ = ("_cfg", "_tat", "_lock", "_counts", "_queues", "__weakref__")
 
@@ -165,7 +165,8 @@ class RateLimiter:
         _rl.acquire(self, _rl._NOKEY, self._cfg.weight(weight), timeout)
 
     async def acquire_async(self, weight: int = 1, *, timeout: float | None = None) -> None:
-        """As ``acquire``, awaiting; waiters are served in arrival order."""
+        """As ``acquire(weight, timeout=timeout)``, awaiting; waiters are served in arrival
+        order."""
         await _rl.acquire_async(self, _rl._NOKEY, self._cfg.weight(weight), timeout)
 
     def __enter__(self) -> RateLimiter:
@@ -193,7 +194,8 @@ class RateLimiter:
         return await _rl.call_async(self, _rl._NOKEY, fn, args, kwargs)  # type: ignore[no-any-return]
 
     def __call__(self, fn: _F) -> _F:
-        """``@limiter``: every call charges one unit or raises ``RateLimitedError``."""
+        """``@limiter`` on a function ``fn`` (sync or async): every call charges one unit or
+        raises ``RateLimitedError``."""
         return _rl.decorate(self, fn)
 
     def __repr__(self) -> str:
@@ -203,9 +205,9 @@ class RateLimiter:
 
 @final
 class RateLimiterMap:
-    """One GCRA limiter per key, at most ``max_keys`` of them: a full map evicts idle keys
-    (every rate's TAT in the past: nothing is lost) first, then the least recently used (whose
-    debt is forgotten)."""
+    """One GCRA limiter per key over the same ``rates``, at most ``max_keys`` of them: a full
+    map evicts idle keys (every rate's TAT in the past: nothing is lost) first, then the least
+    recently used (whose debt is forgotten). ``name`` and ``clock`` as for ``RateLimiter``."""
 
     __slots__ = (
         "_cfg",
@@ -319,13 +321,15 @@ class RateLimiterMap:
         return None
 
     def acquire(self, key: Hashable, weight: int = 1, *, timeout: float | None = None) -> None:
-        """Sleep until ``key`` admits ``weight`` units (see ``RateLimiter.acquire``)."""
+        """Sleep until ``key`` admits ``weight`` units; ``RateLimitedError`` at once if the wait
+        would outlast ``timeout`` (seconds) or the current deadline."""
         _rl.acquire(self, key, self._cfg.weight(weight), timeout)
 
     async def acquire_async(
         self, key: Hashable, weight: int = 1, *, timeout: float | None = None
     ) -> None:
-        """As ``acquire``, awaiting; waiters of one key are served in arrival order."""
+        """As ``acquire(key, weight, timeout=timeout)``, awaiting; waiters of one key are
+        served in arrival order."""
         await _rl.acquire_async(self, key, self._cfg.weight(weight), timeout)
 
     def call(self, key: Hashable, fn: Callable[..., _R], /, *args: Any, **kwargs: Any) -> _R:
@@ -335,7 +339,8 @@ class RateLimiterMap:
     async def call_async(
         self, key: Hashable, fn: Callable[..., Awaitable[_R]], /, *args: Any, **kwargs: Any
     ) -> _R:
-        """``await fn(...)`` if ``key`` admits one unit now, else ``RateLimitedError``."""
+        """``await fn(*args, **kwargs)`` if ``key`` admits one unit now, else
+        ``RateLimitedError``."""
         return await _rl.call_async(self, key, fn, args, kwargs)  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
