@@ -30,7 +30,8 @@ ctypedef struct fb_rate_cfg_t:
 ctypedef struct fb_rate_t:
     fb_rate_cfg_t *cfg
     int64_t *tat                 # cfg.n theoretical arrival times, ns of the limiter's clock
-    int64_t *cnt                 # admitted, rejected, admitted units, rejected units, waits
+    int64_t *cnt                 # admitted, rejected, units beyond 1 per admitted and per
+                                 # rejected request, waits
 
 # The limiter's C state; raises TypeError if `limiter` is not a compiled RateLimiter.
 cdef fb_rate_t *fb_rate_handle(object limiter) except NULL

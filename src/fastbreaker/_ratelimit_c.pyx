@@ -63,12 +63,16 @@ cdef int fb_rate_try_acquire(fb_rate_t *r, int64_t weight, int64_t now) noexcept
         if not r.cfg.use_c_clock:
             return FB_RATE_NEED_CLOCK
         now = fb_monotonic_ns()
+    # The units words hold the units beyond one per request (units = requests + extra), so the
+    # common weight-1 request costs one atomic add, not two.
     if _charge(r, weight, now):
         fb_add(&r.cnt[0], 1)
-        fb_add(&r.cnt[2], weight)
+        if weight != 1:
+            fb_add(&r.cnt[2], weight - 1)
         return 1
     fb_add(&r.cnt[1], 1)
-    fb_add(&r.cnt[3], weight)
+    if weight != 1:
+        fb_add(&r.cnt[3], weight - 1)
     return 0
 
 
@@ -190,7 +194,7 @@ cdef class RateLimiter:
     @cython.binding(False)
     def try_acquire(self, weight=1):
         """Admit ``weight`` units now and charge every rate (True), or charge nothing (False)."""
-        _check(self._ready)
+        # No _check: an uninitialised limiter has max_weight 0, so _weight raises its error.
         cdef int64_t w = _weight(weight, &self.cfg, self)
         cdef int64_t now = fb_monotonic_ns() if self._clock is None else _read(self._clock)
         return fb_rate_try_acquire(&self.state, w, now) == 1
@@ -217,7 +221,10 @@ cdef class RateLimiter:
     def metrics(self):
         """Requests and units admitted and rejected, and the number of waits, so far."""
         _check(self._ready)
-        return _Metrics(*[fb_load_acq(&self.counts[i]) for i in range(5)])
+        cdef int64_t admitted = fb_load_acq(&self.counts[0])
+        cdef int64_t rejected = fb_load_acq(&self.counts[1])
+        return _Metrics(admitted, rejected, admitted + fb_load_acq(&self.counts[2]),
+                        rejected + fb_load_acq(&self.counts[3]), fb_load_acq(&self.counts[4]))
 
     def acquire(self, weight=1, *, timeout=None):
         """Sleep until ``weight`` units are admitted. ``RateLimitedError`` at once if the wait
@@ -387,9 +394,12 @@ cdef class RateLimiterMap:
         """Admit ``weight`` units for ``key`` now (True) or charge nothing (False)."""
         cdef int64_t w = _weight(weight, &self.cfg, self)
         cdef int64_t now = fb_monotonic_ns() if self._clock is None else _read(self._clock)
-        cdef _Key k = self._d.get(key)
-        if k is None:
+        cdef object found = self._d.get(key)
+        cdef _Key k
+        if found is None:
             k = self._create(key, now)
+        else:
+            k = <_Key>found  # the dict holds only _Key values
         k.last = now
         return fb_rate_try_acquire(&k.r, w, now) == 1
 
