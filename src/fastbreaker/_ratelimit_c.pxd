@@ -54,5 +54,6 @@ cdef class RateLimiter:
     cdef object _rates
     cdef object _name
     cdef public object _queues
+    cdef object _view          # a shared limiter's words: keeps the region mapped
     cdef bint _ready
     cdef object __weakref__

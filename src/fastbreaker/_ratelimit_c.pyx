@@ -164,6 +164,16 @@ cdef class RateLimiter:
         self.state.cnt = &self.counts[0]
         self._ready = True
 
+    @classmethod
+    def _shared(cls, rates, name, clock, view, lock=None):
+        """A limiter whose TAT words are words of a SharedRegion (``lock`` is for the twin);
+        its counts stay in this process."""
+        cdef RateLimiter self = cls(*rates, name=name, clock=clock)
+        cdef int64_t[::1] words = view.cast("q")
+        self._view = view
+        self.state.tat = &words[0]
+        return self
+
     def __copy__(self):
         raise _not_copyable(self)
 
@@ -462,6 +472,15 @@ cdef class RateLimiterMap:
             return "<RateLimiterMap (not initialised)>"
         rates = ", ".join([repr(r) for r in self._rates])
         return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self._d)})"
+
+
+def shared_size(n):
+    """The bytes of a shared limiter of ``n`` rates (SharedRegion): its TAT words."""
+    return n * sizeof(int64_t)
+
+
+def shared_init(view, n):
+    """A new shared limiter: every TAT 0 (fresh). The region's memory is zeroed already."""
 
 
 cdef fb_rate_t *fb_rate_handle(object limiter) except NULL:

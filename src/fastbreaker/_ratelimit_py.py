@@ -9,9 +9,11 @@ one compare-and-swap per word (and gives back earlier words when a later one ref
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar, final
 
 from . import _ratelimit as _rl
@@ -19,7 +21,7 @@ from ._durations import check_clock, read_clock
 from ._errors import not_copyable
 from ._ratelimit import Rate, RateLimiterMapMetrics, RateLimiterMetrics, RateSpec
 
-__all__ = ["RateLimiter", "RateLimiterMap"]
+__all__ = ["RateLimiter", "RateLimiterMap", "shared_init", "shared_size"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _R = TypeVar("_R")
@@ -44,6 +46,33 @@ def _refund(tat: list[int], t: list[int], w: int, now: int) -> None:
     for i in range(len(t)):
         if tat[i] > now:
             tat[i] = max(tat[i] - w * t[i], now)
+
+
+class _RateLayout:
+    """A shared limiter's record in a SharedRegion: its TAT words (little-endian int64)."""
+
+    __slots__ = ("size", "_struct")
+
+    def __init__(self, n: int) -> None:
+        self._struct = struct.Struct(f"<{n}q")
+        self.size = self._struct.size
+
+    def load(self, lim: RateLimiter, data: bytes) -> None:
+        lim._tat = list(self._struct.unpack(data))
+
+    def pack(self, lim: RateLimiter) -> bytes:
+        return self._struct.pack(*lim._tat)
+
+
+def shared_size(n: int) -> int:
+    """The bytes of a shared limiter of ``n`` rates in a SharedRegion."""
+    from ._region import SharedRecord
+
+    return SharedRecord.footprint(8 * n)
+
+
+def shared_init(view: memoryview, n: int) -> None:
+    """A new shared limiter: every TAT 0 (fresh). The region's memory is zeroed already."""
 
 
 class _Config:
@@ -85,9 +114,26 @@ class RateLimiter:
     ) -> None:
         self._cfg = _Config(rates, name, clock)
         self._tat = [0] * len(self._cfg.t)
-        self._lock = threading.Lock()
+        self._lock: AbstractContextManager[Any] = threading.Lock()
         self._counts = [0, 0, 0, 0, 0]  # admitted, rejected, admitted units, rejected units, waits
         self._queues: dict[Any, Any] = {}
+
+    @classmethod
+    def _shared(
+        cls,
+        rates: tuple[RateSpec, ...],
+        name: str | None,
+        clock: Callable[[], int] | None,
+        view: memoryview,
+        lock: AbstractContextManager[Any],
+    ) -> RateLimiter:
+        """A limiter whose TAT words live in ``view`` (a SharedRegion's record), guarded by the
+        region's ``lock``; its counts stay in this process."""
+        from ._breaker_py import _SharedState
+
+        self = cls(*rates, name=name, clock=clock)
+        self._lock = _SharedState(self, view, lock, _RateLayout(len(self._cfg.t)))  # type: ignore[arg-type]
+        return self
 
     def __copy__(self) -> object:
         raise not_copyable(self)
