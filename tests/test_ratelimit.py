@@ -420,3 +420,32 @@ def test_map_memory_is_flat_under_churn(fb: Any, clock: FakeClock) -> None:
     assert len(m) <= max_keys
     assert after <= full * 1.5 + 4096
     assert m.metrics().evicted >= 9 * max_keys
+
+
+def test_a_cancelled_waiter_passes_its_turn_on(fb: Any, clock: FakeClock) -> None:
+    # Class: waiter accounting under cancellation (a cancelled head must wake the next one, a
+    # cancelled waiter must leave the queue), and a queued waiter's own timeout.
+    lim = fb.RateLimiter(fb.Rate(1, 1, burst=1), clock=clock)
+    assert lim.try_acquire()
+    served: list[int] = []
+
+    async def waiter(i: int, timeout: float | None = None) -> None:
+        await lim.acquire_async(timeout=timeout)
+        served.append(i)
+
+    async def main() -> None:
+        tasks = [asyncio.ensure_future(waiter(i)) for i in range(4)]
+        await asyncio.sleep(0)
+        tasks[0].cancel()  # the head, while it sleeps
+        tasks[2].cancel()  # a queued one
+        late = asyncio.ensure_future(waiter(9, timeout=1.5))  # needs 3 s: refused at once
+        with pytest.raises(fb.RateLimitedError):
+            await late
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    loop = _VirtualLoop(clock)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert served == [1, 3] and not lim._queues

@@ -132,7 +132,7 @@ class RateLimiter:
         from ._breaker_py import _SharedState
 
         self = cls(*rates, name=name, clock=clock)
-        self._lock = _SharedState(self, view, lock, _RateLayout(len(self._cfg.t)))  # type: ignore[arg-type]
+        self._lock = _SharedState(self, view, lock, _RateLayout(len(self._cfg.t)))
         return self
 
     def __copy__(self) -> object:
