@@ -19,6 +19,7 @@ MODULES = [
     "_bulkhead_c",
     "_retry_c",
     "_shed_c",
+    "_ratelimit_c",
     "bench._floor_c",
 ]
 

@@ -16,6 +16,7 @@ from ._errors import (
     CircuitOpenError,
     DeadlineExceeded,
     LoadShedError,
+    RateLimitedError,
     SharedStateTimeout,
     State,
 )
@@ -25,10 +26,12 @@ if TYPE_CHECKING or not COMPILED:
     from ._breaker_py import CircuitBreaker, Metrics
     from ._budget_py import RetryBudget
     from ._bulkhead_py import AdaptiveLimiter, Bulkhead
+    from ._ratelimit_py import RateLimiter, RateLimiterMap
 else:
     from ._breaker_c import CircuitBreaker, Metrics
     from ._budget_c import RetryBudget
     from ._bulkhead_c import AdaptiveLimiter, Bulkhead
+    from ._ratelimit_c import RateLimiter, RateLimiterMap
 
 from . import testing
 from ._bulkhead import BulkheadMetrics
@@ -37,6 +40,7 @@ from ._fallback import FallbackMetrics, fallback, stale_on_error
 from ._map import BreakerMap, MapMetrics
 from ._metrics import Latency
 from ._priority import Priority, current_priority, priority
+from ._ratelimit import Rate, RateLimiterMapMetrics, RateLimiterMetrics
 from ._region import default_class as _region_default
 from ._retry import retry, retrying
 from ._shed import LoadShedder, ShedderMetrics
@@ -73,6 +77,12 @@ __all__ = [
     "MapMetrics",
     "Metrics",
     "Priority",
+    "Rate",
+    "RateLimitedError",
+    "RateLimiter",
+    "RateLimiterMap",
+    "RateLimiterMapMetrics",
+    "RateLimiterMetrics",
     "RetryBudget",
     "ShedderMetrics",
     "SharedRegion",

@@ -13,6 +13,7 @@ __all__ = [
     "CircuitOpenError",
     "DeadlineExceeded",
     "LoadShedError",
+    "RateLimitedError",
     "SharedStateTimeout",
     "State",
     "exception_matcher",
@@ -177,6 +178,44 @@ class LoadShedError(BreakerError):
             return super().__str__() or "load shed"
         label = f"shedder {self.name!r}" if self.name is not None else "shedder"
         return f"{label} shed the request ({self.reason}), retry after {self.retry_after:.3f}s"
+
+
+class RateLimitedError(BreakerError):
+    """A rate limiter refused a request: admitting it now (or within the ``timeout`` or deadline
+    of ``acquire``) would exceed one of its rates.
+
+    ``retry_after`` is the number of seconds until a request of this ``weight`` would be
+    admitted (a value for a ``Retry-After`` header); ``name`` is the limiter's name. Like
+    ``BulkheadFullError`` it says nothing about the health of a dependency.
+    """
+
+    args: tuple[str | None, float, int]
+
+    if TYPE_CHECKING:
+
+        def __init__(self, name: str | None, retry_after: float, weight: int) -> None: ...
+
+    @property
+    def name(self) -> str | None:
+        """The limiter's name."""
+        return self.args[0] if len(self.args) == 3 else None
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until a request of this weight would be admitted."""
+        return self.args[1] if len(self.args) == 3 else 0.0
+
+    @property
+    def weight(self) -> int:
+        """The refused request's weight (units)."""
+        return self.args[2] if len(self.args) == 3 else 1
+
+    def __str__(self) -> str:
+        args = self.args
+        if len(args) != 3 or not isinstance(args[1], (int, float)):
+            return super().__str__() or "rate limited"
+        label = f"rate limiter {self.name!r}" if self.name is not None else "rate limiter"
+        return f"{label} refused weight {self.weight}: retry after {self.retry_after:.3f}s"
 
 
 class DeadlineExceeded(BreakerError, TimeoutError):

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from ._budget_py import RetryBudget
     from ._bulkhead_py import Bulkhead
     from ._map_py import BreakerMap
+    from ._ratelimit import RateSpec
+    from ._ratelimit_py import RateLimiter
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -83,11 +85,13 @@ _H_MAGIC, _H_VERSION, _H_SIZE, _H_CORE, _H_CURSOR, _H_ENTRIES = range(0, 48, 8)
 _E_KIND, _E_OFFSET, _E_NBYTES, _E_HASH, _E_OPTS, _E_OPTS_LEN = range(64, 112, 8)
 
 KIND_BREAKER, KIND_MAP, KIND_BUDGET, KIND_BULKHEAD = 1, 2, 3, 4
+KIND_RATE = 5
 _KIND_NAMES = {
     KIND_BREAKER: "breaker",
     KIND_MAP: "breaker_map",
     KIND_BUDGET: "retry_budget",
     KIND_BULKHEAD: "bulkhead",
+    KIND_RATE: "rate_limiter",
 }
 _CORES = {"c": 1, "python": 2}
 
@@ -931,6 +935,30 @@ class SharedRegion:
             max_concurrent, name, self._clock, self._view(offset, nbytes), self._lock_at(offset)
         )
         return cast("Bulkhead", self._made(bulkhead))
+
+    def rate_limiter(self, name: str, /, *rates: "RateSpec") -> "RateLimiter":
+        """The shared ``RateLimiter`` ``name`` (also its name) over ``rates``: one limit for
+        every process. Its TAT words live in the region (one CAS each in the compiled core, so a
+        process killed at any point leaves no claim behind); its metrics are this process's."""
+        from ._ratelimit import rates_config
+
+        out, t, tau = rates_config(rates)
+        if self._core == "c":
+            from . import _ratelimit_c as core
+        else:
+            from . import _ratelimit_py as core  # type: ignore[no-redef]
+        nbytes = core.shared_size(len(out))
+        offset, _ = self._object(
+            KIND_RATE,
+            name,
+            {"rates": tuple(f"{a}ns/{b}ns" for a, b in zip(t, tau))},
+            nbytes,
+            lambda view: core.shared_init(view, len(out)),
+        )
+        view, lock = self._view(offset, nbytes), self._lock_at(offset)
+        return cast(
+            "RateLimiter", self._made(core.RateLimiter._shared(out, name, self._clock, view, lock))
+        )
 
     def _cores(self) -> tuple[Any, Any, Any]:
         if self._core == "c":

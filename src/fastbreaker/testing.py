@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import threading
 import types
 from collections.abc import Iterator
@@ -80,7 +81,7 @@ def implementations() -> dict[str, types.SimpleNamespace]:
     """The public API of fastbreaker bound to each core: ``{"c": ..., "python": ...}``.
 
     Each value has every name of ``fastbreaker.__all__``, with ``CircuitBreaker``, ``Metrics``,
-    ``RetryBudget``, ``BreakerMap``, ``Bulkhead``, ``AdaptiveLimiter``, ``retry`` and ``SharedRegion``
+    ``RetryBudget``, ``BreakerMap``, ``Bulkhead``, ``AdaptiveLimiter``, ``RateLimiter``, ``RateLimiterMap``, ``retry`` and ``SharedRegion``
     taken from that core,
     and ``impl`` naming it. Where ``import fastbreaker`` uses the twin
     (``FASTBREAKER_NO_EXTENSIONS`` set, or an interpreter other than CPython) there is only
@@ -108,5 +109,10 @@ def implementations() -> dict[str, types.SimpleNamespace]:
         ns.AdaptiveLimiter = bulkhead_mod.AdaptiveLimiter
         ns.retry = _retry.retry_on_core(name)
         ns.SharedRegion = _region.region_class(name)
+        ratelimit = importlib.import_module(
+            f"fastbreaker._ratelimit_{'c' if name == 'c' else 'py'}"
+        )
+        ns.RateLimiter = ratelimit.RateLimiter
+        ns.RateLimiterMap = ratelimit.RateLimiterMap
         out[name] = ns
     return out
