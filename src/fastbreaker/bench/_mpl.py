@@ -7,7 +7,7 @@ pass on an environment without matplotlib, because nothing here imports it stati
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 
 class PyPlot(Protocol):
@@ -22,8 +22,7 @@ def pyplot() -> PyPlot:
     """``matplotlib.pyplot`` on the non-interactive Agg backend (ImportError without it)."""
     matplotlib: Any = importlib.import_module("matplotlib")
     matplotlib.use("Agg")
-    plt: PyPlot = importlib.import_module("matplotlib.pyplot")  # type: ignore[assignment]
-    return plt
+    return cast(PyPlot, importlib.import_module("matplotlib.pyplot"))
 
 
 def missing() -> Optional[str]:
