@@ -78,7 +78,7 @@ PY
     if ! "$venv/bin/python" -m pip install -q --prefer-binary -r "$venv/test-requirements.txt"; then
         fb_loud "3.13t: some optional test dependencies do not install; using the minimal set"
         "$venv/bin/python" -m pip install -q --prefer-binary Cython setuptools pytest \
-            pytest-asyncio pytest-benchmark pytest-run-parallel hypothesis
+            pytest-asyncio pytest-benchmark pytest-run-parallel pytest-xdist filelock hypothesis
     fi
 
     echo "== 3.13t: build and install fastbreaker =="
