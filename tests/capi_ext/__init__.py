@@ -199,13 +199,15 @@ def cache_root() -> pathlib.Path:
 def source_digest(kind: str) -> str:
     """A hash of everything a build of ``kind`` depends on."""
     h = hashlib.sha256(kind.encode())
-    folders = [HERE, package_dir()]
+    # the test-time sources and build helpers; the package's C-level API and the core's
+    # sources (not its .py files, nor the .c files its own build generates: they change nothing)
+    folders = [(HERE, (".pyx", ".pxd", ".h", ".c", ".py")), (package_dir(), (".pxd", ".h"))]
     src = core_source_dir()
     if src is not None:
-        folders.append(src)
-    for folder in folders:
+        folders.append((src, (".pyx", ".pxd", ".h")))
+    for folder, suffixes in folders:
         for path in sorted(folder.iterdir()):
-            if path.suffix in (".pyx", ".pxd", ".h", ".py", ".c"):
+            if path.suffix in suffixes:
                 h.update(path.name.encode() + b"\0" + path.read_bytes())
     import Cython
 
