@@ -59,7 +59,7 @@ def test_the_suite_tests_the_installed_package() -> None:
     assert importlib.metadata.version("fastbreaker") == fastbreaker.__version__
     paths = [pathlib.Path(p).resolve() for p in sys.path if p]
     site = [i for i, p in enumerate(paths) if p.name in ("site-packages", "dist-packages")]
-    if PACKAGE.parent in paths:
+    if PACKAGE.parent in paths and PACKAGE.parent.name not in ("site-packages", "dist-packages"):
         assert site and paths.index(PACKAGE.parent) > min(site), sys.path
 
 
