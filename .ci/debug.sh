@@ -6,9 +6,11 @@
 #   bash .ci/debug.sh      with the main venv active (it needs the test extra, Cython, setuptools)
 #
 # It builds in place in a copy of the checkout (default build/debug), so the checkout's own
-# in-place build, which the other legs use, is never touched; the copy's pytest settings put the
-# copy's src/ first on sys.path, and a guard fails the session unless the debug build is what the
-# tests import. .ci/check_debug_build.py proves the build is a debug one, and (as a control)
+# in-place build, which the other legs use, is never touched; PYTHONPATH puts the copy's src/
+# first on sys.path, and a guard fails the session unless the debug build is what the tests import.
+#
+# The selection: the compiled core's leg of every test (FB_IMPLS=c: the pure twin runs no C, and
+# .ci/run's tests and pure steps already ran it), without the slow step's full soak runs. .ci/check_debug_build.py proves the build is a debug one, and (as a control)
 # that it tells the checkout's release build apart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,5 +47,6 @@ def pytest_sessionstart(session):
 PY
 
 echo "== debug build: test suite =="
-(cd "$COPY" && PYTHONPATH="$WORK/guard" "$PY" -m pytest -q -p no:cacheprovider -p fb_debug_guard)
+(cd "$COPY" && FB_IMPLS=c PYTHONPATH="$WORK/guard:$COPY/src" \
+    "$PY" -m pytest -q -p no:cacheprovider -p fb_debug_guard)
 echo "== debug build: passed =="

@@ -38,7 +38,8 @@ echo "== tsan: venv on $("$PY" -VV) =="
 "$PY" -m venv "$WORK/venv"
 VPY=$WORK/venv/bin/python
 "$VPY" -m pip install -q -U pip
-"$VPY" -m pip install -q --prefer-binary Cython setuptools pytest pytest-asyncio pytest-benchmark
+"$VPY" -m pip install -q --prefer-binary Cython setuptools pytest pytest-asyncio pytest-benchmark \
+    pytest-xdist filelock
 
 echo "== tsan: build fastbreaker with $TSAN_CFLAGS =="
 # From a copy of the sources: build/ and the in-place .so files of other legs are never reused.
@@ -71,10 +72,9 @@ race:__pyx_memoryview___pyx_pf_15View_dot_MemoryView_10memoryview___cinit__
 race:__pyx_pf_11fastbreaker_6_map_c_10BreakerMap_6_owner_*
 EOF
 
-# The tests must import the instrumented build installed above, never the source tree: the
-# project's `pythonpath = ["src"]` is overridden with `-o pythonpath=` (`-p no:python_path` no
-# longer disables it since pytest 9), and a plugin fails the session before any test runs unless
-# the imported fastbreaker._breaker_c is $SO.
+# The tests must import the instrumented build installed above, never the source tree (the
+# project sets no pythonpath), and a plugin fails the session before any test runs unless the
+# imported fastbreaker._breaker_c is $SO. One process (-n 0): the hammers start their own threads.
 cat >"$WORK/fb_tsan_guard.py" <<PY
 import pytest
 
@@ -91,7 +91,7 @@ set +e
 PYTHONPATH="$WORK" LD_PRELOAD=$TSAN_LIB \
 TSAN_OPTIONS="suppressions=$WORK/suppressions.txt halt_on_error=0 report_signal_unsafe=0 log_path=$WORK/logs/tsan" \
 FB_TEST_CFLAGS="$TSAN_CFLAGS" FB_TEST_LDFLAGS="-fsanitize=thread" FB_STRESS_SECONDS=${FB_STRESS_SECONDS:-1.5} \
-    "$VPY" -m pytest -q -s -p no:cacheprovider -o pythonpath= -p fb_tsan_guard \
+    "$VPY" -m pytest -q -s -p no:cacheprovider -n 0 -p fb_tsan_guard \
     tests/test_stress.py -k "not racy"
 status=$?
 set -e

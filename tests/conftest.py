@@ -3,11 +3,13 @@
 The ``fb`` fixture is the public API of ``fastbreaker`` bound to one core: ``c`` (the compiled
 extension) or ``python`` (the pure-Python reference twin). Every behavioural test takes ``fb``
 instead of importing ``fastbreaker`` directly, so it runs on both. With
-``FASTBREAKER_NO_EXTENSIONS`` set, only the ``python`` leg runs.
+``FASTBREAKER_NO_EXTENSIONS`` set, only the ``python`` leg runs; ``FB_IMPLS=c`` keeps only the
+compiled leg (the debug-build and 3.13t legs of ``.ci/run``, which are about the C code).
 """
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 import fastbreaker
 
 NAMESPACES = fastbreaker.testing.implementations()
-IMPLS = list(NAMESPACES)
+IMPLS = [i for i in NAMESPACES if i in os.environ.get("FB_IMPLS", "c,python").split(",")]
 
 
 @pytest.fixture(params=IMPLS)

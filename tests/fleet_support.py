@@ -1,6 +1,13 @@
-"""A real redis-server for the fleet tests: started from the binary on a free 127.0.0.1 port
-(``.ci/run`` installs the Debian package ``redis-server``), stopped by the test that started it.
-Without the binary the tests that need it skip, except in CI (``CI`` set), where they fail."""
+"""A real redis-server for the fleet tests.
+
+- With the ``redis-server`` binary (``.ci/run install`` installs the Debian package where it can):
+  a server of its own per test, on a free 127.0.0.1 port, stopped by the test that started it.
+- Else with ``FB_REDIS_URL`` (``redis://127.0.0.1:PORT``; the GitHub Linux jobs' service
+  container): that server, shared (every test uses its own namespace); a test that must kill and
+  restart Redis skips there (``require_restart``).
+- Else the tests skip with the reason, unless ``FB_REQUIRE_REDIS`` is set (the Linux CI jobs and
+  ``bash .ci/run``), where a missing server is a failure rather than a silent skip.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from typing import Optional
 
 import pytest
@@ -37,19 +45,41 @@ def wait_until(condition, timeout: float, what: str, step: float = 0.005):  # ty
         time.sleep(step)
 
 
+def _external_port() -> Optional[int]:
+    url = os.environ.get("FB_REDIS_URL")
+    if not url:
+        return None
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.hostname not in ("127.0.0.1", "localhost") or parsed.port is None:
+        raise ValueError(f"FB_REDIS_URL must be redis://127.0.0.1:PORT, got {url!r}")
+    return parsed.port
+
+
 class RedisServer:
-    """One redis-server process, no persistence; ``stop()``/``start()`` keep the port."""
+    """One redis-server process, no persistence; ``stop()``/``start()`` keep the port. Or the
+    shared server of ``FB_REDIS_URL`` (``external``), which is never stopped."""
 
     def __init__(self, port: Optional[int] = None) -> None:
-        if BINARY is None:
-            if os.environ.get("CI"):
-                raise RuntimeError("redis-server is not installed (.ci/run installs it)")
-            pytest.skip("redis-server is not installed (apt-get install redis-server)")
-        self.port = port or free_port()
+        external = _external_port() if BINARY is None else None
+        if BINARY is None and external is None:
+            reason = "no redis-server binary and no FB_REDIS_URL (apt-get install redis-server)"
+            if os.environ.get("FB_REQUIRE_REDIS"):
+                raise RuntimeError(f"FB_REQUIRE_REDIS is set, but {reason}")
+            pytest.skip(reason)
+        self.external = external is not None
+        self.port = external or port or free_port()
         self.dir = tempfile.mkdtemp(prefix="fb-redis-")
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
+    def require_restart(self) -> None:
+        """Skip the calling test unless this server can be killed and restarted."""
+        if self.external:
+            pytest.skip("kills and restarts Redis: needs a local redis-server binary")
+
     def start(self) -> "RedisServer":
+        if self.external:
+            wait_until(self._answers, 10.0, "the FB_REDIS_URL server to answer")
+            return self
         assert BINARY is not None
         self.proc = subprocess.Popen(
             [

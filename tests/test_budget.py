@@ -389,6 +389,7 @@ def _build_racy(tmp: Path) -> Any:
     return mod
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 @pytest.mark.thread_unsafe  # it compiles an extension; its hammer runs its own threads
 def test_c_hammer_catches_a_racy_core(tmp_path: Path) -> None:
     """The negative control: with a broken CAS the same hammer must see tokens created or lost."""

@@ -41,11 +41,11 @@ _built: dict[str, Any] = {}
 
 def _cached(kind: str, factory: pytest.TempPathFactory) -> Any:
     if kind not in _built:
-        dest = factory.mktemp(f"capi_bulkhead_{kind}")
         try:
-            _built[kind] = (
-                bulkhead_build.build_client if kind == "client" else bulkhead_build.build_racy
-            )(dest)
+            _built[kind] = capi_ext.cached_build(
+                f"bulkhead-{kind}",
+                bulkhead_build.build_client if kind == "client" else bulkhead_build.build_racy,
+            )
         except BaseException as exc:  # noqa: BLE001
             _built[kind] = exc
     if isinstance(_built[kind], BaseException):
@@ -142,6 +142,7 @@ def test_nogil_release_hands_the_slot_to_a_waiting_thread(client: Any) -> None:
     assert got.is_set() and bh.metrics().in_flight == 0
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 def test_racy_bulkhead_is_caught(racy: Any) -> None:
     found: list[dict[str, int]] = []
     for _ in range(RACY_ATTEMPTS):

@@ -625,10 +625,12 @@ class CircuitBreakerRedisConcurrencyTestCase(unittest.TestCase):
         """CircuitBreaker: it should allow only one trial call when the
         circuit is half-open.
         """
-        self.breaker = CircuitBreaker(fail_max=1, reset_timeout=0.01)
+        # upstream's 10 ms: on a loaded machine (parallel test workers) the five threads can run
+        # more than 10 ms apart, so the breaker re-opens and half-opens again; 300 ms cannot
+        self.breaker = CircuitBreaker(fail_max=1, reset_timeout=0.3)
 
         self.breaker.open()
-        sleep(0.01)
+        sleep(0.3)
 
         @self.breaker
         def err():

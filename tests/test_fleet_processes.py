@@ -155,8 +155,10 @@ def test_recovery_runs_exactly_half_open_max_calls_fleet_probes(
             w.close()
 
 
+@pytest.mark.slow  # a soak across processes: Redis killed and restarted mid-run
 @pytest.mark.parametrize("impl", IMPLS)
 def test_chaos_redis_killed_and_restarted(server: RedisServer, impl: str) -> None:
+    server.require_restart()
     workers = start_fleet(server, impl)
     try:
         wait_until(synced(workers, 1), 20.0, "the workers to sync")

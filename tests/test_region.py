@@ -434,6 +434,7 @@ def test_stress_invariants_hold_across_four_processes(
     assert not report.violations, str(report)
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 @needs_cc
 def test_the_racy_control_is_caught_across_processes(
     name: str, tmp_path_factory: pytest.TempPathFactory

@@ -40,7 +40,7 @@ def _shared_namespace(ns: types.SimpleNamespace) -> types.SimpleNamespace:
     def CircuitBreaker(*args: Any, name: Any = None, clock: Any = None, **options: Any) -> Any:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a str or None, got {name!r}")
-        region = ns.SharedRegion(f"fbrg-{uuid.uuid4().hex[:12]}", size=1 << 22, clock=clock)
+        region = ns.SharedRegion(f"fbrg-{uuid.uuid4().hex[:12]}", size=1 << 18, clock=clock)
         region.unlink()  # this process's mapping stays until the test ends
         out.regions.append(region)
         return region.breaker(name or "shared", *args, **options)

@@ -311,6 +311,7 @@ def test_config_swaps_under_parallel_hammer_keep_the_invariants(client: Any) -> 
     print(f"\n[stress config swaps] {swapped} of 6 hammered breakers swapped while hammered")
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 @needs_c
 @needs_cc
 @own_threads
@@ -379,6 +380,7 @@ def test_striped_counts_are_exact_at_quiescence(client: Any, striped: Any, core:
     assert alone.metrics().permitted == alone.metrics().successes == 10_000
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 @needs_c
 @needs_cc
 @own_threads
@@ -485,6 +487,7 @@ def test_time_window_buckets_lose_nothing_under_parallel_hammer(client: Any) -> 
     assert not found
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 @needs_c
 @needs_cc
 @own_threads
@@ -575,6 +578,7 @@ def test_budget_tokens_conserved_under_parallel_hammer(client: Any, mode: str) -
     assert budget_violations(budget, r, 1000) == [], r
 
 
+@pytest.mark.slow  # a racy control: needs both cores to itself (`.ci/run slow`)
 @needs_c
 @needs_cc
 @own_threads

@@ -11,10 +11,16 @@ them. Nothing built here is ever part of the package.
 
 Extra compiler and linker flags come from ``FB_TEST_CFLAGS`` / ``FB_TEST_LDFLAGS`` (the
 ThreadSanitizer run sets them).
+
+``cached()`` builds each kind once per source hash, not once per test run: the digest covers the
+sources compiled, the installed package's ``.pxd``/``.h`` files, the interpreter, Cython and the
+flags; the builds live under ``FB_TEST_BUILD_CACHE`` (default ``build/test-ext`` in the checkout,
+else a temp folder) and a file lock lets one pytest-xdist worker build while the others wait.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -23,13 +29,16 @@ import re
 import shutil
 import sys
 import sysconfig
+import tempfile
 import threading
 import types
+from typing import Callable
 
 import fastbreaker
 
 HERE = pathlib.Path(__file__).resolve().parent
 CLIENT = HERE / "fb_capi_client.pyx"
+BUILT = ".fb-built"  # written last by _compile: a folder holding it is a complete build
 _lock = threading.RLock()
 
 
@@ -57,6 +66,8 @@ def _flags(name: str) -> list[str]:
 def _compile(
     dest: pathlib.Path, modules: list[tuple[str, pathlib.Path, list[tuple[str, str]]]]
 ) -> None:
+    if (dest / BUILT).exists():
+        return  # a cached build of the same sources (see cached())
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
 
@@ -85,6 +96,7 @@ def _compile(
     cmd.build_temp = str(dest / "tmp")
     cmd.ensure_finalized()
     cmd.run()
+    (dest / BUILT).write_text("ok\n", encoding="utf-8")
 
 
 def _import(dest: pathlib.Path, name: str) -> types.ModuleType:
@@ -171,14 +183,70 @@ def build_racy(dest: pathlib.Path, kind: str = "racy") -> types.ModuleType:
 _built: dict[str, object] = {}
 
 
-def cached(kind: str, tmp_path_factory: object) -> types.ModuleType:
+def cache_root() -> pathlib.Path:
+    """Where cached test builds live: FB_TEST_BUILD_CACHE, else the checkout's build/ folder
+    when it is writable, else a per-user temp folder."""
+    env = os.environ.get("FB_TEST_BUILD_CACHE")
+    if env:
+        return pathlib.Path(env)
+    checkout = HERE.parent.parent / "build"
+    if os.access(checkout if checkout.exists() else checkout.parent, os.W_OK):
+        return checkout / "test-ext"
+    user = getattr(os, "getuid", lambda: 0)()
+    return pathlib.Path(tempfile.gettempdir()) / f"fastbreaker-test-ext-{user}"
+
+
+def source_digest(kind: str) -> str:
+    """A hash of everything a build of ``kind`` depends on."""
+    h = hashlib.sha256(kind.encode())
+    # the test-time sources and build helpers; the package's C-level API and the core's
+    # sources (not its .py files, nor the .c files its own build generates: they change nothing)
+    folders = [(HERE, (".pyx", ".pxd", ".h", ".c", ".py")), (package_dir(), (".pxd", ".h"))]
+    src = core_source_dir()
+    if src is not None:
+        folders.append((src, (".pyx", ".pxd", ".h")))
+    for folder, suffixes in folders:
+        for path in sorted(folder.iterdir()):
+            if path.suffix in suffixes:
+                h.update(path.name.encode() + b"\0" + path.read_bytes())
+    import Cython
+
+    for part in (
+        sys.version,
+        sys.executable,
+        sysconfig.get_config_var("EXT_SUFFIX") or "",
+        Cython.__version__,
+        os.environ.get("FB_TEST_CFLAGS", ""),
+        os.environ.get("FB_TEST_LDFLAGS", ""),
+        os.environ.get("CC", ""),
+    ):
+        h.update(b"\0" + str(part).encode())
+    return h.hexdigest()[:16]
+
+
+def cached_build(kind: str, build: Callable[[pathlib.Path], object]) -> object:
+    """``build(dest)`` in the cache folder of ``kind``'s source digest, under a file lock: it
+    compiles the first time and only imports afterwards (``_compile`` skips a complete build)."""
+    from filelock import FileLock
+
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    dest = root / f"{kind}-{source_digest(kind)}"
+    with FileLock(str(dest) + ".lock"):
+        if dest.exists() and not (dest / BUILT).exists():
+            shutil.rmtree(dest)  # an interrupted build
+        return build(dest)
+
+
+def cached(kind: str, tmp_path_factory: object = None) -> types.ModuleType:
     """``build_client`` (``kind="client"``) or a copy of the core (``"racy"``, ``"striped"``)
-    once per test session (shared by the test modules)."""
+    once per source hash (see ``cached_build``), imported once per process."""
     with _lock:
         if kind not in _built:
-            dest = tmp_path_factory.mktemp(f"capi_{kind}")  # type: ignore[attr-defined]
             try:
-                _built[kind] = build_client(dest) if kind == "client" else build_racy(dest, kind)
+                _built[kind] = cached_build(
+                    kind, build_client if kind == "client" else lambda d: build_racy(d, kind)
+                )
             except BaseException as exc:  # remember the failure: later tests fail the same way
                 _built[kind] = exc
         result = _built[kind]

@@ -9,9 +9,16 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from .._version import __version__
 from ._render import format_markdown, format_text, plot, require_matplotlib
 from ._run import Progress, run_report
 from ._targets import missed_targets
+
+
+def _core_name() -> str:
+    import fastbreaker
+
+    return "compiled core" if fastbreaker.COMPILED else "pure-Python core"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -32,6 +39,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "before it goes on. Peers: "
         "pip install 'fastbreaker[bench]'. --verbose prints how each cell is measured. "
         "`python -m fastbreaker overload --help`: the overload curve of a real uvicorn service.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"fastbreaker {__version__} ({_core_name()})"
     )
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (seconds)")
     parser.add_argument(

@@ -33,6 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from . import _mpl
+
 LOADS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 QUICK_LOADS = (0.5, 1.0, 2.0, 3.0)
 TINY_LOADS = (1.0, 3.0)
@@ -222,11 +224,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def plot_curve(result: dict[str, Any], path: str) -> None:
     """Goodput against offered load, with and without the shedder, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _mpl.pyplot()
     loads = [r["load"] for r in result["rows"]]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(
@@ -289,12 +287,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print("python -m fastbreaker overload: --plot needs matplotlib", file=sys.stderr)
-            return 2
+    if args.plot and _mpl.missing():
+        print("python -m fastbreaker overload: --plot needs matplotlib", file=sys.stderr)
+        return 2
 
     def progress(text: str) -> None:
         print(f"[overload] {text}", file=sys.stderr, flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Mapping, Optional
 
-from . import _scaling
+from . import _mpl, _scaling
 from ._format import WIDTH, fmt, ratio, times
 from ._registry import SECTIONS, section_results
 from ._targets import target_lines
@@ -170,8 +170,7 @@ _COLORS = {"fastbreaker": "#d62728", "fastbreaker_py": "#f4a582", "floor": "#7f7
 
 def plot(result: Mapping[str, Any], path: str) -> None:
     """A PNG bar chart of the table (matplotlib must be importable; see ``require_matplotlib``)."""
-    import matplotlib.pyplot as plt
-
+    plt = _mpl.pyplot()
     fig = figure(result)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -180,11 +179,7 @@ def plot(result: Mapping[str, Any], path: str) -> None:
 def figure(result: Mapping[str, Any]) -> Any:
     """The chart of the first section: one panel per measurement, each bar labelled with its
     ratio to its reference."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _mpl.pyplot()
     rows = result["rows"]
     hosts = result["method"]["hosts"]
     panels = [
@@ -232,8 +227,4 @@ def figure(result: Mapping[str, Any]) -> Any:
 
 def require_matplotlib() -> Optional[str]:
     """Why ``--plot`` cannot work here, or None."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return "--plot needs matplotlib, which is not installed: pip install matplotlib"
-    return None
+    return _mpl.missing()
