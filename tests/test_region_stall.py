@@ -309,6 +309,10 @@ def test_a_bulkhead_slot_of_a_reused_pid_is_reclaimed_and_a_live_one_kept(
     assert bh.in_flight == 2
 
 
+#: fb_claim_t follows fb_state_t (7 int64 words, _fb_breaker.h) in a shared breaker's block
+CLAIM_AT = 7 * 8
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="start times: Linux")
 def test_a_compiled_claim_of_a_reused_pid_is_taken_over_and_a_live_one_is_not(
     fb: types.SimpleNamespace, name: str
@@ -324,7 +328,7 @@ def test_a_compiled_claim_of_a_reused_pid_is_taken_over_and_a_live_one_is_not(
 
     def claim(owner: int) -> None:
         struct.pack_into("<q", block, 0, busy)
-        struct.pack_into("<3q", block, 88, busy, owner, old)  # fb_claim_t after fb_state_t
+        struct.pack_into("<3q", block, CLAIM_AT, busy, owner, old)
 
     claim(reused)
     assert b.allow()  # the claim's owner is gone (its pid belongs to another process now)
