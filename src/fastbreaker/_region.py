@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 MAGIC = 0x4E4F494745524246  # b"FBREGION", little-endian
-LAYOUT_VERSION = 2  # 2: owner words survive pid reuse; the compiled block's rarer counts moved (issue 26)
+LAYOUT_VERSION = 2  # 2 (issue 26): owner words survive pid reuse; rarer counts moved
 """The layout version written in the header; attaching to another version is a ValueError."""
 
 HEADER_SIZE = 64
