@@ -16,6 +16,7 @@ import os
 import signal
 import struct
 import sys
+import threading
 import time
 import types
 import uuid
@@ -62,7 +63,7 @@ def short_bound(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 class Stopped:
     """A child running ``target(core, name, ..., conn)``, stopped once it holds what it takes."""
 
-    def __init__(self, target: Any, *args: Any) -> None:
+    def __init__(self, target: Any, *args: Any, stop: bool = True) -> None:
         ctx = multiprocessing.get_context("fork")
         self.reader, writer = ctx.Pipe(duplex=False)
         self.p = ctx.Process(target=target, args=(*args, writer), daemon=True)
@@ -71,7 +72,8 @@ class Stopped:
         assert self.reader.poll(30), "the child never took the lock"
         assert os.read(self.reader.fileno(), 1) == b"x"
         assert self.p.pid is not None
-        os.kill(self.p.pid, signal.SIGSTOP)
+        if stop:
+            os.kill(self.p.pid, signal.SIGSTOP)
 
     def end(self) -> None:
         assert self.p.pid is not None
@@ -342,3 +344,46 @@ def test_a_compiled_claim_of_a_reused_pid_is_taken_over_and_a_live_one_is_not(
     struct.pack_into("<q", block, 0, busy & ~4)  # the "holder" publishes
     b.trip()
     assert b.state == fb.State.OPEN
+
+
+# -- a holder that runs is waited for: load alone must not drop an outcome -------------------------
+def test_a_record_lock_holder_that_runs_is_waited_for_not_stalled(
+    fb: types.SimpleNamespace, name: str, short_bound: None
+) -> None:
+    if fb.impl == "c":
+        pytest.skip("the compiled breaker takes no lock (atomics); its claim: the test below")
+    region = fb.SharedRegion(name)
+    b = region.breaker("up", failure_threshold=3)
+    child = Stopped(ss.hold_lock, fb.impl, name, "breaker", stop=False)
+    # the holder runs (it sleeps in pause(), as a descheduled holder would look) and lets go
+    # after several bounds: the outcome waits for it instead of being dropped
+    ender = threading.Timer(6 * BOUND, child.end)
+    ender.start()
+    try:
+        b.record_failure()
+    finally:
+        ender.join()
+    assert b.metrics().failures == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process states: Linux")
+def test_a_compiled_claim_of_an_owner_that_runs_is_stalled_only_when_stuck(
+    fb: types.SimpleNamespace, name: str
+) -> None:
+    if fb.impl != "c":
+        pytest.skip("the twin's claims are kernel record locks: the test above")
+    region = fb.SharedRegion(name)
+    b = region.breaker("up", failure_threshold=3)
+    block = _block(region, "up")
+    live, _, _ = _owners()  # this process's parent: alive and not stopped
+    busy = struct.unpack_from("<q", block, 0)[0] | 4
+
+    def claim(age_s: float) -> None:
+        struct.pack_into("<q", block, 0, busy)
+        struct.pack_into("<3q", block, CLAIM_AT, busy, live, time.monotonic_ns() - int(age_s * 1e9))
+
+    claim(0.5)  # past the stopped owner's bound, within the stuck bound: still held
+    assert not b.allow()
+    claim(5.0)  # past the stuck bound: stalled, CLOSED admits on the state it was claimed from
+    assert b.allow()
+    struct.pack_into("<q", block, 0, busy & ~4)

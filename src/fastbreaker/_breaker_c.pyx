@@ -57,6 +57,7 @@ cdef extern from "_fb_atomic.h" nogil:
 cdef extern from "_fb_process.h" nogil:
     int64_t fb_owner_self()
     bint fb_owner_gone(int64_t owner)
+    bint fb_owner_stopped(int64_t owner)
     void fb_pause(int64_t ns)
     void fb_stall(int fd)
 
@@ -268,14 +269,15 @@ cdef inline int64_t resolve_now(core_t *b, int64_t now) noexcept nogil:
 # the dead claimer wrote before publishing is harmless there: a trip or probe time (the state it
 # would have left keeps its own), a window cleared early, gen_hi one ahead (its permits go
 # stale), and an episode counted in `opened`. A live owner is never taken over, however long it
-# holds on; but a claim held CLAIM_STALL_NS or more by a live owner (a process stopped with
-# SIGSTOP, or descheduled for that long) is stalled, and nobody waits for it: an admission goes
+# holds on; but a claim held CLAIM_STALL_NS or more by a live owner seen stopped (SIGSTOP, a
+# debugger), or CLAIM_STUCK_NS by any live owner, is stalled, and nobody waits for it: an admission goes
 # on with the state published before the claim (CLOSED admits; outcomes of that generation are
 # stale once the claimer publishes), a manual transition gives up (SharedStateTimeout) and a
 # fleet apply waits for the next sync.
 cdef int64_t CLAIM_DEAD_NS = 10_000_000        # 10 ms
 cdef int64_t CLAIM_UNKNOWN_NS = 1_000_000_000  # 1 s
-cdef int64_t CLAIM_STALL_NS = 100_000_000      # 100 ms (docs/shared-memory.md)
+cdef int64_t CLAIM_STALL_NS = 100_000_000      # 100 ms, a stopped owner (docs/shared-memory.md)
+cdef int64_t CLAIM_STUCK_NS = 2_000_000_000    # 2 s, any live owner (where its state is unknown)
 
 cdef enum:
     CLAIM_HELD = 0         # held, for less than the bounds
@@ -323,7 +325,11 @@ cdef int take_over(core_t *b, int64_t w) noexcept nogil:
     if age < CLAIM_DEAD_NS or (owner == 0 and age < CLAIM_UNKNOWN_NS):
         return CLAIM_STALLED if age >= CLAIM_STALL_NS else CLAIM_HELD
     if owner != 0 and not fb_owner_gone(owner):
-        return CLAIM_STALLED if age >= CLAIM_STALL_NS else CLAIM_HELD
+        # a live owner's claim is stalled past CLAIM_STALL_NS when it is seen stopped, past
+        # CLAIM_STUCK_NS in any case: one that runs (descheduled on a busy machine) is waited for
+        if age >= CLAIM_STUCK_NS or (age >= CLAIM_STALL_NS and fb_owner_stopped(owner)):
+            return CLAIM_STALLED
+        return CLAIM_HELD
     if fb_cas_strong(&b.s.word, &w, w & ~(<int64_t>BUSY)):
         return CLAIM_ROLLED_BACK
     return CLAIM_HELD

@@ -26,7 +26,7 @@ it takes the region's record lock (threads and processes) and loads every state 
 record into the attributes; leaving it packs them back (a double-buffered store, skipped when
 nothing changed) and releases. The code between is the same as for a local breaker, so every read
 or write of mutable state happens inside ``with self._lock:``. When another process holds the
-record lock past ``_region.LOCK_TIMEOUT`` (it is stopped), the block runs on the record last
+record lock past its bound (``_region.LOCK_TIMEOUT``, stopped), the block runs on the record last
 stored, and stores nothing: ``_stalled_now()`` is then true, and the state machine admits only
 in CLOSED, makes no transition (``_enter`` raises ``SharedStateTimeout``) and drops outcomes.
 The config (options, listeners, classification, clock) stays per process. The record (``_BreakerLayout``, little-endian)::

@@ -16,6 +16,7 @@
 #if defined(_WIN32)
 static inline int64_t fb_owner_self(void) { return 1; }
 static inline int fb_owner_gone(int64_t owner) { (void)owner; return 0; }
+static inline int fb_owner_stopped(int64_t owner) { (void)owner; return 0; }
 static inline void fb_pause(int64_t ns) { (void)ns; }
 static inline void fb_stall(int fd) { (void)fd; for (;;) {} }
 #else
@@ -78,6 +79,30 @@ static inline int fb_owner_gone(int64_t owner) {
     if (recorded == 0) return 0;
     now = fb_start_time(pid);
     return now != 0 && now != recorded;
+}
+
+/* 1 when the owner's process is seen stopped (SIGSTOP, a debugger: state T or t in
+ * /proc/<pid>/stat); 0 when it runs, sleeps, or its state cannot be read (not Linux). A process
+ * merely descheduled on a busy machine is not stopped. */
+static inline int fb_owner_stopped(int64_t owner) {
+#if defined(__linux__)
+    char path[48], buf[1024];
+    const char *p;
+    ssize_t n;
+    int fd;
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)FB_OWNER_PID(owner));
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p != NULL && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+#else
+    (void)owner;
+    return 0;
+#endif
 }
 
 /* Give the CPU away for about `ns` (a bounded wait on another process). */

@@ -12,23 +12,52 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["owner_gone", "owner_of", "owner_self", "start_time"]
+__all__ = ["lock_holder", "owner_gone", "owner_of", "owner_self", "start_time", "stopped"]
 
 _START_MASK = 0x7FFFFFFF
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` from field 3 (the state) on; [] when unknown."""
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    # the command name (field 2) may hold spaces and parentheses: count from the last ")"
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger): only where ``/proc`` says so.
+    A process that is merely descheduled on a busy machine is not stopped."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
+def lock_holder(fd: int, offset: int) -> int:
+    """The pid of the process holding the ``fcntl`` record lock on byte ``offset`` of ``fd``, 0
+    when none or unknown (``struct flock``'s layout is read on Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    import fcntl
+    import struct
+
+    probe = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0).ljust(64, b"\0")
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, probe)
+    except OSError:
+        return 0
+    kind, _, _, _, pid = struct.unpack_from("hhqqi", answer)
+    return 0 if kind == fcntl.F_UNLCK else pid
 
 
 def start_time(pid: int) -> int:
     """The low 31 bits of process ``pid``'s start time; 0 when unknown (not Linux, no such
     process, or ``/proc`` hides it: with ``hidepid``, another user's process looks absent)."""
-    if not sys.platform.startswith("linux"):
-        return 0
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0
-    # the command name (field 2) may hold spaces and parentheses: count from the last ")"
-    fields = data[data.rfind(b")") + 2 :].split()
+    fields = _stat_fields(pid)
     try:
         return int(fields[19]) & _START_MASK  # field 22
     except (IndexError, ValueError):

@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any, Optional, cast
 
+from ._process import lock_holder, stopped
+
 if TYPE_CHECKING:
     from ._breaker_py import CircuitBreaker
     from ._budget_py import RetryBudget
@@ -132,6 +134,11 @@ says, or raises ``SharedStateTimeout``. After a timeout, the same lock is tried 
 waiting, until it is taken again, so callers do not wait one bound each behind a process that
 stays stopped."""
 DIR_LOCK_TIMEOUT = 2.0
+LOCK_STUCK_TIMEOUT = 2.0
+"""The longest a process waits for a region lock whose holder is not seen stopped: on Linux a
+holder that runs (descheduled on a busy machine, not stopped) is waited for up to this bound, so
+that load alone never drops an outcome; where a holder's state cannot be read, every holder is
+waited for this long before the lock counts as stalled."""
 
 
 class RecordLock:
@@ -173,6 +180,7 @@ class RecordLock:
         bound = LOCK_TIMEOUT if self._timeout is None else self._timeout
         start = time.monotonic()
         deadline = start if self._stalled else start + bound
+        stuck = start + max(bound, LOCK_STUCK_TIMEOUT)  # for a holder not seen stopped
         # The threads of this process wait for each other without a bound of their own: a
         # holder's wait for another process is bounded, and its work under the lock is short.
         self._thread_lock.acquire()
@@ -191,16 +199,23 @@ class RecordLock:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EDEADLK):
                         raise
                 now = time.monotonic()
+                if now >= deadline and deadline < stuck and not self._holder_stopped():
+                    deadline = stuck  # it runs (a busy machine): wait for it, up to the bound
                 if now >= deadline:
                     self._stalled = True
                     if stall_ok:
                         return False
-                    raise self._timed_out(bound)
+                    raise self._timed_out(max(bound, deadline - start))
                 time.sleep(min(delay, deadline - now))
                 delay = min(delay * 2, 1e-3)
         except BaseException:
             self._thread_lock.release()
             raise
+
+    def _holder_stopped(self) -> bool:
+        """Whether the process holding the record lock is seen stopped (Linux)."""
+        pid = lock_holder(self._fd, self._offset)
+        return pid > 0 and stopped(pid)
 
     def _timed_out(self, bound: float) -> Exception:
         from ._errors import SharedStateTimeout
