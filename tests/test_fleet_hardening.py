@@ -48,6 +48,7 @@ class Node:
         self.map = fb.BreakerMap(clock=clock, **opts)
         self.pay = fb.CircuitBreaker(name="pay", clock=clock, **opts)
         self.budget = fb.RetryBudget(ratio=0.1, capacity=10, clock=clock)
+        kw.setdefault("sync_timeout", 5.0)  # a loaded machine: a sync may take over 0.2 s
         self.coord = FleetCoordinator(server.client(), namespace=ns, instance_id=ident, **kw)
         self.coord.add_map(self.map, "hosts")
         self.coord.add_breaker(self.pay)
@@ -273,8 +274,10 @@ def test_the_default_identity_is_the_host(
     another host, they can."""
     clock = FakeClock(1_000_000_000_000)
     maps = [fb.BreakerMap(clock=clock, **OPTS) for _ in range(3)]
-    coords = [FleetCoordinator(server.client(), namespace=ns) for _ in range(2)]
-    coords.append(FleetCoordinator(server.client(), namespace=ns, instance_id="elsewhere"))
+    coords = [FleetCoordinator(server.client(), namespace=ns, sync_timeout=5.0) for _ in range(2)]
+    coords.append(
+        FleetCoordinator(server.client(), namespace=ns, instance_id="elsewhere", sync_timeout=5.0)
+    )
     assert coords[0].instance_id.split(":")[0] == socket.gethostname()
     for m, c in zip(maps, coords):
         c.add_map(m, "hosts")

@@ -38,12 +38,18 @@ def ns(server: RedisServer, request: pytest.FixtureRequest) -> str:
     return "t" + str(abs(hash(request.node.nodeid)))
 
 
+#: The sync bound of tests about something else than a slow Redis: a loaded CI machine can take
+#: longer than the default 0.2 s for a sync, which would fail a test that asserts it succeeded.
+ROOMY = 5.0
+
+
 def fleet(
     fb: types.SimpleNamespace, server: RedisServer, ns: str, n: int, **options: Any
 ) -> tuple[list[Any], list[FleetCoordinator]]:
     coord_opts = {
         k: options.pop(k) for k in ("min_instances", "fleet_window", "sync_timeout") if k in options
     }
+    coord_opts.setdefault("sync_timeout", ROOMY)
     maps, coords = [], []
     for i in range(n):
         m = fb.BreakerMap(**{"failure_threshold": 1000, "reset_timeout": 30.0, **options})
@@ -124,7 +130,10 @@ def test_standalone_breakers_are_matched_by_name(
     fb: types.SimpleNamespace, server: RedisServer, ns: str
 ) -> None:
     coords = [
-        FleetCoordinator(server.client(), namespace=ns, instance_id=f"node{i}:1") for i in range(2)
+        FleetCoordinator(
+            server.client(), namespace=ns, instance_id=f"node{i}:1", sync_timeout=ROOMY
+        )
+        for i in range(2)
     ]
     breakers = [fb.CircuitBreaker(100, 30.0, name="pay", min_calls=4) for _ in range(2)]
     other = fb.CircuitBreaker(100, 30.0, name="other", min_calls=4)
@@ -451,7 +460,7 @@ async def test_run_with_an_asyncio_client(
     coords = []
     for i, m in enumerate(maps):
         client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
-        c = FleetCoordinator(client, namespace=ns, instance_id=f"a{i}")
+        c = FleetCoordinator(client, namespace=ns, instance_id=f"a{i}", sync_timeout=ROOMY)
         c.add_map(m, "hosts")
         coords.append(c)
     with pytest.raises(TypeError, match="asyncio"):
@@ -542,7 +551,8 @@ def test_retry_budget_is_reconciled_across_the_fleet(
 ) -> None:
     budgets = [fb.RetryBudget(ratio=0.1, capacity=10, min_per_sec=0, clock=clock) for _ in range(2)]
     coords = [
-        FleetCoordinator(server.client(), namespace=ns, instance_id=f"r{i}") for i in range(2)
+        FleetCoordinator(server.client(), namespace=ns, instance_id=f"r{i}", sync_timeout=ROOMY)
+        for i in range(2)
     ]
     for c, b in zip(coords, budgets):
         c.add_budget(b, "rpc")
@@ -572,7 +582,7 @@ def test_a_failed_sync_drops_the_budget_change_once(
     fb: types.SimpleNamespace, server: RedisServer, ns: str, clock: Any
 ) -> None:
     budget = fb.RetryBudget(ratio=0.1, capacity=10, min_per_sec=0, clock=clock)
-    c = FleetCoordinator(server.client(), namespace=ns)
+    c = FleetCoordinator(server.client(), namespace=ns, sync_timeout=ROOMY)
     c.add_budget(budget, "rpc")
     assert c.sync_once().ok
     budget.allow_retry()
@@ -599,7 +609,7 @@ def test_syncs_keep_memory_flat(fb: types.SimpleNamespace, server: RedisServer, 
 
     m = fb.BreakerMap(1000, 30.0, window=20, min_calls=10, max_keys=64)
     budget = fb.RetryBudget()
-    coord = FleetCoordinator(server.client(), namespace=ns)
+    coord = FleetCoordinator(server.client(), namespace=ns, sync_timeout=ROOMY)
     coord.add_map(m, "hosts")
     coord.add_budget(budget)
     n = [0]
