@@ -47,6 +47,9 @@ def pytest_sessionstart(session):
 PY
 
 echo "== debug build: test suite =="
+# test_ship's installed-package check is the one test this leg cannot pass by design: PYTHONPATH
+# puts the debug build before site-packages (the guard above checks that it is what is imported).
 (cd "$COPY" && FB_IMPLS=c PYTHONPATH="$WORK/guard:$COPY/src" \
-    "$PY" -m pytest -q -p no:cacheprovider -p fb_debug_guard)
+    "$PY" -m pytest -q -p no:cacheprovider -p fb_debug_guard \
+    --deselect tests/test_ship.py::test_the_suite_tests_the_installed_package)
 echo "== debug build: passed =="
