@@ -184,6 +184,9 @@ def _run(
     time_rounds(cells, rounds, progress)
 
     baselines_ns = baselines(loop, target_ns)
+    for system in every:
+        if system.close is not None:
+            system.close()
     for cell in cells:
         results = cell.owner.results
         results[cell.metric] = statistics.median(cell.diffs)
