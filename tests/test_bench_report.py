@@ -449,9 +449,9 @@ def test_plot_draws_allow_next_to_the_calls(report: dict[str, Any]) -> None:
 RATE_PEERS = {
     "pyrate": "pyrate_limiter",
     "pyrate_mp": "pyrate_limiter",
-    "limits_FixedWindowRateLimiter": "limits",
-    "limits_SlidingWindowCounterRateLimiter": "limits",
-    "limits_MovingWindowRateLimiter": "limits",
+    "limits_fixed_window": "limits",
+    "limits_sliding_window_counter": "limits",
+    "limits_moving_window": "limits",
     "aiolimiter": "aiolimiter",
 }
 
@@ -460,7 +460,11 @@ def test_the_rate_limiter_section(report: dict[str, Any]) -> None:
     part = report["data"]["sections"]["ratelimits"]
     rows = {row["key"]: row for row in part["rows"]}
     installed = {k for k, mod in RATE_PEERS.items() if importlib.util.find_spec(mod)}
-    ours = {"fastbreaker", "fastbreaker_shared", "breaker"} if fastbreaker.COMPILED else set()
+    ours = (
+        {"fastbreaker", "fastbreaker_shared", "fastbreaker_breaker"}
+        if fastbreaker.COMPILED
+        else set()
+    )
     assert set(rows) == {"fastbreaker_py"} | ours | installed
     skipped = {s["label"]: s["reason"] for s in part["skipped"]}
     assert len(skipped) == len(RATE_PEERS) - len(installed) + 3 - len(ours)
@@ -477,7 +481,7 @@ def test_the_rate_limiter_section(report: dict[str, Any]) -> None:
     if fastbreaker.COMPILED:
         assert isinstance(rows["fastbreaker"]["hosts_call_ns"], float)
         assert rows["fastbreaker"]["bytes_per_host"] > 0
-        assert isinstance(rows["breaker"]["hosts_call_ns"], float)
+        assert isinstance(rows["fastbreaker_breaker"]["hosts_call_ns"], float)
         assert "fastbreaker RateLimiter (compiled), from the rate limiter tables:" in out
         assert "try_acquire(): " in out and "CircuitBreaker.allow() (" in out
         assert "RateLimiterMap.try_acquire(key): " in out and "BreakerMap.allow(key) (" in out
@@ -498,7 +502,7 @@ def test_rate_limiter_targets_are_ratios_of_two_rows() -> None:
     floor = row("floor", allow_ns=9.0, call_ns=30.0)
     limits = [
         row("fastbreaker", try_ns=14.0, hosts_call_ns=62.0),
-        row("breaker", try_ns=9.0, hosts_call_ns=40.0),
+        row("fastbreaker_breaker", try_ns=9.0, hosts_call_ns=40.0),
         row("fastbreaker_shared", try_ns=27.0),
     ]
     targets = _targets.compute_targets([fb, floor], 1.0, {"ratelimits": limits})

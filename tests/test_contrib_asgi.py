@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import threading
+import tracemalloc
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -423,3 +425,33 @@ def test_rate_limit_bad_arguments_name_the_parameter(fb: types.SimpleNamespace) 
         RateLimitMiddleware(app, limits, weight=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limiter_map.name must be printable ASCII"):
         RateLimitMiddleware(app, fb.RateLimiterMap("1/s", name="api€"))
+
+
+async def test_the_rate_limited_path_keeps_memory_flat(fb: types.SimpleNamespace) -> None:
+    # Many clients through a small map, admitted and refused: the middleware keeps nothing per
+    # request, and the map never holds more than max_keys keys.
+    clock = fastbreaker.testing.FakeClock(10**12)
+    limits = fb.RateLimiterMap("2/s", max_keys=50, clock=clock)
+    mw = RateLimitMiddleware(Counted(), limits)
+
+    async def burst(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            client = (f"10.0.{i % 200 // 100}.{i % 100}", 1)
+            for _ in range(3):  # a burst of 2: the third is refused
+                await asgi(mw, http(client=client))
+            clock.advance(0.001)
+
+    await burst(0, 300)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await burst(300, 1000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(limits) <= 50
+    m = limits.metrics()
+    assert m.admitted > 0 and m.rejected > 0 and m.evicted > 0
+    assert grown < 20_000, grown

@@ -141,7 +141,7 @@ def _breaker(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
         return {"m": m}
 
     return System(
-        key="breaker",
+        key="fastbreaker_breaker",
         label="CircuitBreaker.allow() (compiled)",
         version=__version__,
         ns={"cb": _breaker_c.CircuitBreaker()},
@@ -191,6 +191,8 @@ def _pyrate(multiprocess: bool) -> Any:
 
 
 def _limits(strategy: str, label: str) -> Any:
+    """A row of ``limits``' ``strategy`` (a class of ``limits.strategies``) in memory."""
+
     def factory(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
         limits = peer("limits")
         if limits is None:
@@ -210,7 +212,7 @@ def _limits(strategy: str, label: str) -> Any:
         lim = cls(storage)
         item = limits.parse(f"{WIDE_LIMIT}/second")
         return System(
-            key=f"limits_{strategy}",
+            key="limits_" + label.split(" ", 1)[1].replace(" ", "_"),
             label=label,
             version=version("limits"),
             ns={"lim": lim, "item": item},
@@ -254,13 +256,18 @@ def _summary(result: Mapping[str, Any]) -> list[str]:
         return ["", "The compiled RateLimiter is not in this run, so there is nothing to compare."]
     out = ["", "fastbreaker RateLimiter (compiled), from the rate limiter tables:"]
     pairs = [
-        ("try_ns", "try_acquire()", "breaker", "CircuitBreaker.allow()"),
-        ("hosts_call_ns", "RateLimiterMap.try_acquire(key)", "breaker", "BreakerMap.allow(key)"),
+        ("try_ns", "try_acquire()", "fastbreaker_breaker", "CircuitBreaker.allow()"),
+        (
+            "hosts_call_ns",
+            "RateLimiterMap.try_acquire(key)",
+            "fastbreaker_breaker",
+            "BreakerMap.allow(key)",
+        ),
         ("try_ns", "shared-memory try_acquire()", "fastbreaker_shared", "local"),
     ]
     for metric, what, ref, ref_what in pairs:
         other = rows.get(ref, {})
-        mine, theirs = (fb, other) if ref == "breaker" else (other, fb)
+        mine, theirs = (other, fb) if ref == "fastbreaker_shared" else (fb, other)
         if mine.get(metric) is None or theirs.get(metric) is None:
             continue
         r = ratio(mine[metric], theirs[metric])

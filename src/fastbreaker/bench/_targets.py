@@ -60,13 +60,20 @@ PAIR_TARGETS = [
 # The rate limiters' (issue 29): every limiter admits every call, so these are admissions.
 SECTION_PAIR_TARGETS = {
     "ratelimits": [
-        ("fastbreaker", "try_ns", "RateLimiter.try_acquire()", 1.5, "breaker", "allow()"),
+        (
+            "fastbreaker",
+            "try_ns",
+            "RateLimiter.try_acquire()",
+            1.5,
+            "fastbreaker_breaker",
+            "allow()",
+        ),
         (
             "fastbreaker",
             "hosts_call_ns",
             "RateLimiterMap.try_acquire(key)",
             1.5,
-            "breaker",
+            "fastbreaker_breaker",
             "BreakerMap.allow(key)",
         ),
         ("fastbreaker_shared", "try_ns", "shared try_acquire()", 2.0, "fastbreaker", "local"),
