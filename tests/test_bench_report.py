@@ -1,6 +1,6 @@
 """``python -m fastbreaker``: the headline report runs end to end, in a subprocess, in seconds.
 
-``FASTBREAKER_REPORT_TINY=1`` shrinks the run (2 rounds of 0.5 ms batches, 500 hosts): the
+``--tiny`` (added to every run here) shrinks the run (2 rounds of 0.5 ms batches, 500 hosts): the
 numbers mean nothing, but every row, every column and every output path runs.
 """
 
@@ -30,14 +30,14 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, FASTBREAKER_REPORT_TINY="1")
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
     return env
 
 
 def _run(*args: str, code: str | None = None) -> subprocess.CompletedProcess[str]:
     head = ["-c", code] if code else ["-m", "fastbreaker"]
-    cmd = [sys.executable, *head, *args]
+    cmd = [sys.executable, *head, *args, "--tiny"]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
 
 
@@ -420,8 +420,8 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     flat = " ".join(proc.stdout.split())  # a verdict may wrap at 80 columns
     verdicts = flat.split("--check-targets:", 1)[1].split(" target <=")[1:]
     # four for the breaker, two of its rows with other options, one for the shared row, one for
-    # the bulkhead, one for the call paths' rejection
-    assert len(verdicts) == 9
+    # the bulkhead, one for the call paths' rejection, three for the rate limiters
+    assert len(verdicts) == 12
     assert sum(v.split(":")[1].strip().startswith("MISSED") for v in verdicts) == len(missed)
 
 
@@ -444,6 +444,90 @@ def test_plot_draws_allow_next_to_the_calls(report: dict[str, Any]) -> None:
         assert any(title.startswith("guarded call") for title in panels)
     finally:
         plt.close(fig)
+
+
+RATE_PEERS = {
+    "pyrate": "pyrate_limiter",
+    "pyrate_mp": "pyrate_limiter",
+    "limits_fixed_window": "limits",
+    "limits_sliding_window_counter": "limits",
+    "limits_moving_window": "limits",
+    "aiolimiter": "aiolimiter",
+}
+
+
+def test_the_rate_limiter_section(report: dict[str, Any]) -> None:
+    part = report["data"]["sections"]["ratelimits"]
+    rows = {row["key"]: row for row in part["rows"]}
+    installed = {k for k, mod in RATE_PEERS.items() if importlib.util.find_spec(mod)}
+    ours = (
+        {"fastbreaker", "fastbreaker_shared", "fastbreaker_breaker"}
+        if fastbreaker.COMPILED
+        else set()
+    )
+    assert set(rows) == {"fastbreaker_py"} | ours | installed
+    skipped = {s["label"]: s["reason"] for s in part["skipped"]}
+    assert len(skipped) == len(RATE_PEERS) - len(installed) + 3 - len(ours)
+    assert all(reason for reason in skipped.values())
+    for key in installed - {"aiolimiter"}:
+        assert isinstance(rows[key]["try_ns"], float) and rows[key]["async_ns"] is None
+    assert isinstance(rows["fastbreaker_py"]["try_ns"], float)
+    if "aiolimiter" in rows:
+        assert rows["aiolimiter"]["try_ns"] is None
+        assert isinstance(rows["aiolimiter"]["async_ns"], float)
+    out = " ".join(report["proc"].stdout.split())
+    assert "rate limiters: ns per admitted call" in out
+    assert "every limiter admits 1,000,000,000 units per second" not in out  # --verbose only
+    if fastbreaker.COMPILED:
+        assert isinstance(rows["fastbreaker"]["hosts_call_ns"], float)
+        assert rows["fastbreaker"]["bytes_per_host"] > 0
+        assert isinstance(rows["fastbreaker_breaker"]["hosts_call_ns"], float)
+        assert "fastbreaker RateLimiter (compiled), from the rate limiter tables:" in out
+        assert "try_acquire(): " in out and "CircuitBreaker.allow() (" in out
+        assert "RateLimiterMap.try_acquire(key): " in out and "BreakerMap.allow(key) (" in out
+        assert "shared-memory try_acquire(): " in out
+        whats = [t["what"] for t in report["data"]["targets"]["checks"]]
+        assert whats[-3:] == [
+            "RateLimiter.try_acquire()",
+            "RateLimiterMap.try_acquire(key)",
+            "shared try_acquire()",
+        ]
+
+
+def test_rate_limiter_targets_are_ratios_of_two_rows() -> None:
+    def row(key: str, **results: float) -> _section.System:
+        return _section.System(key, key, "0", {}, {}, {}, results=dict(results))
+
+    fb = row("fastbreaker", allow_ns=10.0, call_ns=30.0)
+    floor = row("floor", allow_ns=9.0, call_ns=30.0)
+    limits = [
+        row("fastbreaker", try_ns=14.0, hosts_call_ns=62.0),
+        row("fastbreaker_breaker", try_ns=9.0, hosts_call_ns=40.0),
+        row("fastbreaker_shared", try_ns=27.0),
+    ]
+    targets = _targets.compute_targets([fb, floor], 1.0, {"ratelimits": limits})
+    checks = {t["what"]: t for t in targets["checks"]}
+    one = checks["RateLimiter.try_acquire()"]
+    assert one["x_floor"] == pytest.approx(15.0 / 10.0) and one["met"] is True  # loop included
+    per_key = checks["RateLimiterMap.try_acquire(key)"]
+    assert per_key["x_floor"] == pytest.approx(63.0 / 41.0) and per_key["met"] is False
+    shared = checks["shared try_acquire()"]
+    assert shared["x_floor"] == pytest.approx(28.0 / 15.0) and shared["met"] is True
+    lines = _targets.target_lines({"targets": targets, "check_targets": True})
+    assert any("1.54x BreakerMap.allow(key) (41.0 ns)" in ln and "MISSED" in ln for ln in lines)
+
+
+def test_tiny_is_a_documented_option() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastbreaker", "--help"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "--tiny" in text and "smoke run" in text and "numbers mean nothing" in text
 
 
 def test_a_new_section_is_one_module_and_one_registration() -> None:

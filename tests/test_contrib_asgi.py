@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import threading
+import tracemalloc
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +30,12 @@ from starlette.responses import JSONResponse, PlainTextResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
 import fastbreaker  # noqa: E402
-from fastbreaker.contrib.asgi import LoadSheddingMiddleware, parse_deadline  # noqa: E402
+import fastbreaker.testing  # noqa: E402
+from fastbreaker.contrib.asgi import (  # noqa: E402
+    LoadSheddingMiddleware,
+    RateLimitMiddleware,
+    parse_deadline,
+)
 from fastbreaker.contrib.httpx import AsyncBreakerTransport, BreakerTransport  # noqa: E402
 
 TIMEOUT = 10.0  # every wait of the test on the server is bounded by this
@@ -261,3 +268,190 @@ def test_a_header_name_that_is_not_a_token_names_the_parameter(
         LoadSheddingMiddleware(app, shedder, deadline_header=name)
     with pytest.raises(ValueError, match="priority_header must be a header name of ASCII"):
         BreakerTransport(priority_header=name)
+
+
+# -- RateLimitMiddleware: a fake clock, so the quota moves only when the test says --------------
+class Counted:
+    """An application that counts the requests it really serves."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.served += 1
+        await PlainTextResponse("ok", headers={"x-app": "yes"})(scope, receive, send)
+
+
+def cost(scope: Any) -> int:
+    """The weight: the request's x-cost header, 1 without it."""
+    return int(dict(scope["headers"]).get(b"x-cost", b"1"))
+
+
+@pytest.fixture
+def limited(fb: types.SimpleNamespace) -> Iterator[types.SimpleNamespace]:
+    clock = fastbreaker.testing.FakeClock(10**12)
+    limits = fb.RateLimiterMap("5/s", name="api", clock=clock)  # burst 5, T = 0.2 s
+    app = Counted()
+    with serve(RateLimitMiddleware(app, limits, weight=cost)) as url:
+        yield types.SimpleNamespace(url=url, clock=clock, limits=limits, app=app)
+
+
+def test_exactly_the_burst_is_admitted_then_429_with_headers(limited: Any) -> None:
+    got = [httpx.get(limited.url + "/", timeout=TIMEOUT) for _ in range(8)]
+    assert [r.status_code for r in got] == [200] * 5 + [429] * 3
+    assert limited.app.served == 5  # a refused request never reaches the application
+    for i, r in enumerate(got[:5]):
+        assert r.text == "ok" and r.headers["x-app"] == "yes"
+        assert r.headers["ratelimit-policy"] == '"api";q=5;w=1'
+        assert r.headers["ratelimit"] == f'"api";r={4 - i};t=1'
+    for r in got[5:]:
+        assert r.headers["retry-after"] == "1"  # 0.2 s, rounded up to whole seconds
+        assert r.headers["ratelimit-policy"] == '"api";q=5;w=1'
+        assert r.headers["ratelimit"] == '"api";r=0;t=1'
+        assert "rate limited" in r.text and "x-app" not in r.headers
+    m = limited.limits.metrics()
+    assert (m.keys, m.admitted, m.rejected) == (1, 5, 3)
+    limited.clock.advance(0.4)  # two units back
+    codes = [httpx.get(limited.url + "/", timeout=TIMEOUT).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    limited.clock.advance(60)  # idle: the whole burst again
+    r = httpx.get(limited.url + "/", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["ratelimit"] == '"api";r=4;t=1'
+
+
+def test_a_second_client_address_has_its_own_quota(limited: Any) -> None:
+    for _ in range(5):
+        assert httpx.get(limited.url + "/", timeout=TIMEOUT).status_code == 200
+    assert httpx.get(limited.url + "/", timeout=TIMEOUT).status_code == 429
+    other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=TIMEOUT)
+    with other:
+        r = other.get(limited.url + "/")
+    assert r.status_code == 200 and r.headers["ratelimit"] == '"api";r=4;t=1'
+    assert "127.0.0.2" in limited.limits and "127.0.0.1" in limited.limits
+    assert len(limited.limits) == 2
+
+
+def test_the_weight_callable_is_honoured(limited: Any) -> None:
+    r = httpx.get(limited.url + "/", headers={"x-cost": "3"}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["ratelimit"] == '"api";r=2;t=1'
+    r = httpx.get(limited.url + "/", headers={"x-cost": "3"}, timeout=TIMEOUT)
+    assert r.status_code == 429  # 2 left: 3 do not pass, and nothing is charged
+    assert r.headers["retry-after"] == "1" and r.headers["ratelimit"] == '"api";r=2;t=1'
+    assert limited.limits.retry_after("127.0.0.1", 3) == pytest.approx(0.2)
+    r = httpx.get(limited.url + "/", headers={"x-cost": "2"}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["ratelimit"] == '"api";r=0;t=1'
+    limited.clock.advance(3.0)
+    r = httpx.get(limited.url + "/", headers={"x-cost": "5"}, timeout=TIMEOUT)
+    assert r.headers["ratelimit"] == '"api";r=0;t=1'
+    assert limited.app.served == 3
+
+
+async def asgi(app: Any, scope: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one ASGI call in process and return what it sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+def http(client: Any = ("10.0.0.1", 5000)) -> dict[str, Any]:
+    return {"type": "http", "method": "GET", "path": "/", "headers": [], "client": client}
+
+
+@pytest.mark.parametrize(
+    ("rates", "policy", "limit"),
+    [(("3/250ms",), '"p";q=12;w=1', '"p";r=2;t=1'),
+     (("1/h",), '"p";q=1;w=3600', '"p";r=0;t=3600'),
+     (("600/min", "10/s"), '"p-0";q=600;w=60, "p-1";q=10;w=1', '"p-1";r=9;t=1')],
+)  # fmt: skip
+async def test_policy_and_ratelimit_headers(
+    fb: types.SimpleNamespace, rates: tuple[str, ...], policy: str, limit: str
+) -> None:
+    clock = fastbreaker.testing.FakeClock(10**12)
+    mw = RateLimitMiddleware(Counted(), fb.RateLimiterMap(*rates, name="p", clock=clock))
+    headers = dict((await asgi(mw, http()))[0]["headers"])
+    assert headers[b"ratelimit-policy"] == policy.encode()
+    assert headers[b"ratelimit"] == limit.encode()
+
+
+async def test_a_rate_slower_than_one_a_second_and_odd_names(fb: types.SimpleNamespace) -> None:
+    clock = fastbreaker.testing.FakeClock(10**12)
+    limits = fb.RateLimiterMap(fb.Rate(0.5, 1, burst=1), name='a "b"\\c', clock=clock)
+    headers = dict((await asgi(RateLimitMiddleware(Counted(), limits), http()))[0]["headers"])
+    assert headers[b"ratelimit-policy"] == b'"a \\"b\\"\\\\c";q=1;w=2'
+    default = RateLimitMiddleware(Counted(), fb.RateLimiterMap("2/s", clock=clock))
+    headers = dict((await asgi(default, http()))[0]["headers"])
+    assert headers[b"ratelimit"] == b'"default";r=1;t=1'
+
+
+async def test_other_scopes_pass_through_and_no_client_is_one_key(
+    fb: types.SimpleNamespace,
+) -> None:
+    clock = fastbreaker.testing.FakeClock(10**12)
+    limits = fb.RateLimiterMap("1/s", clock=clock)
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    mw = RateLimitMiddleware(app, limits)
+    for kind in ("lifespan", "websocket", "lifespan"):
+        assert await asgi(mw, {"type": kind}) == []
+    assert seen == ["lifespan", "websocket", "lifespan"]
+    assert limits.metrics().admitted == 0 and len(limits) == 0
+    await asgi(mw, http(client=None))  # a Unix socket: no address
+    sent = await asgi(mw, http(client=None))
+    assert sent[0]["status"] == 429 and None in limits
+    assert seen[-1] == "http" and len(seen) == 4
+
+
+def test_rate_limit_bad_arguments_name_the_parameter(fb: types.SimpleNamespace) -> None:
+    limits = fb.RateLimiterMap("1/s")
+    app = Counted()
+    with pytest.raises(TypeError, match="app must be"):
+        RateLimitMiddleware(42, limits)  # type: ignore[arg-type]
+    for bad in (object(), fb.RateLimiter("1/s"), None):
+        with pytest.raises(TypeError, match="limiter_map must be a fastbreaker.RateLimiterMap"):
+            RateLimitMiddleware(app, bad)
+    with pytest.raises(TypeError, match="key must be a callable"):
+        RateLimitMiddleware(app, limits, key="client")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="weight must be a callable"):
+        RateLimitMiddleware(app, limits, weight=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limiter_map.name must be printable ASCII"):
+        RateLimitMiddleware(app, fb.RateLimiterMap("1/s", name="api€"))
+
+
+async def test_the_rate_limited_path_keeps_memory_flat(fb: types.SimpleNamespace) -> None:
+    # Many clients through a small map, admitted and refused: the middleware keeps nothing per
+    # request, and the map never holds more than max_keys keys.
+    clock = fastbreaker.testing.FakeClock(10**12)
+    limits = fb.RateLimiterMap("2/s", max_keys=50, clock=clock)
+    mw = RateLimitMiddleware(Counted(), limits)
+
+    async def burst(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            client = (f"10.0.{i % 200 // 100}.{i % 100}", 1)
+            for _ in range(3):  # a burst of 2: the third is refused
+                await asgi(mw, http(client=client))
+            clock.advance(0.001)
+
+    await burst(0, 300)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await burst(300, 1000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(limits) <= 50
+    m = limits.metrics()
+    assert m.admitted > 0 and m.rejected > 0 and m.evicted > 0
+    assert grown < 20_000, grown

@@ -1,4 +1,4 @@
-"""``python -m fastbreaker overload`` runs for real (a smoke-sized run: FASTBREAKER_REPORT_TINY):
+"""``python -m fastbreaker overload`` runs for real (a smoke-sized run: --tiny):
 uvicorn in a child process on 127.0.0.1, the open-loop client, both modes, the table and JSON."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 def test_the_overload_command_measures_both_modes(tmp_path: Path) -> None:
     out = tmp_path / "overload.json"
-    env = dict(os.environ, FASTBREAKER_REPORT_TINY="1")
+    env = dict(os.environ)
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "fastbreaker", "overload", "--json", str(out)],
+        [sys.executable, "-m", "fastbreaker", "overload", "--tiny", "--json", str(out)],
         env=env,
         capture_output=True,
         text=True,

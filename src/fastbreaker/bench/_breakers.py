@@ -12,7 +12,16 @@ import datetime
 import importlib
 from typing import Any, Mapping, Optional, Sequence
 
-from ._section import Section, System, dict_of, expect_raises, peer, summary_lines, version
+from ._section import (
+    Section,
+    System,
+    dict_of,
+    expect_raises,
+    peer,
+    summary_lines,
+    unlinked_region,
+    version,
+)
 from ._timing import Boom, af, boom, f
 
 OPEN_SECONDS = 3600  # the open period of every tripped breaker: it stays open while measured
@@ -183,15 +192,11 @@ def _shared(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     system, why = _compiled(loop)
     if system is None:
         return None, why
-    import os
     import sys
 
     if sys.platform == "win32":
         return None, "SharedRegion is POSIX only"
-    from .._region import region_class
-
-    region = region_class("c")(f"fbbench-{os.getpid()}", size=1 << 16)
-    region.unlink()
+    region = unlinked_region("breakers")
     cb = region.breaker("bench", reset_timeout=OPEN_SECONDS)
     open_cb = region.breaker("bench-open", reset_timeout=OPEN_SECONDS)
     open_cb.trip()
@@ -207,9 +212,7 @@ def _shared(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
         from .._region_map import map_size
 
         block = _breaker_c.shared_size(BreakerOptions(reset_timeout=OPEN_SECONDS))
-        size = map_size(len(hosts), block) + (1 << 16)
-        r = region_class("c")(f"fbbench-{os.getpid()}-hosts", size=size)
-        r.unlink()  # this process's mapping stays
+        r = unlinked_region("hosts", map_size(len(hosts), block) + (1 << 16))
         m = r.breaker_map("hosts", capacity=len(hosts), reset_timeout=OPEN_SECONDS)
         for h in hosts:
             m.call(h, f)

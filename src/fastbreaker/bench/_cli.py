@@ -1,11 +1,10 @@
 """The command line: ``python -m fastbreaker [--quick] [--json PATH] [--plot PATH] ...``, and
-``python -m fastbreaker overload [--quick] [--plot PATH]``."""
+``python -m fastbreaker overload [--quick] [--plot PATH]`` (``--tiny`` for either: a smoke run)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -63,14 +62,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="also check the compiled core against the developers' targets (ratios to "
         "Floor().allow()); exit with status 1 when one is missed",
     )
-    # For tests and CI smoke runs: FASTBREAKER_REPORT_TINY=1 (or these) makes a run of seconds
-    # whose numbers mean nothing but whose every path runs.
-    tiny = bool(os.environ.get("FASTBREAKER_REPORT_TINY"))
-    hidden = argparse.SUPPRESS
-    parser.add_argument("--rounds", type=int, default=2 if tiny else None, help=hidden)
-    parser.add_argument("--batch-ms", type=float, default=0.5 if tiny else None, help=hidden)
-    parser.add_argument("--hosts", type=int, default=500 if tiny else 10_000, help=hidden)
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a smoke run of seconds, for tests and CI: every row and output path runs, but its "
+        "numbers mean nothing (2 rounds of 0.5 ms batches, 500 hosts)",
+    )
+    hidden = argparse.SUPPRESS  # the tiny run's knobs, one by one
+    parser.add_argument("--rounds", type=int, default=None, help=hidden)
+    parser.add_argument("--batch-ms", type=float, default=None, help=hidden)
+    parser.add_argument("--hosts", type=int, default=None, help=hidden)
     args = parser.parse_args(argv)
+    tiny = args.tiny
+    if tiny:
+        args.rounds = args.rounds or 2
+        args.batch_ms = args.batch_ms or 0.5
+    if args.hosts is None:
+        args.hosts = 500 if tiny else 10_000
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be >= 1")
     if args.hosts < 1:
@@ -87,12 +95,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rounds=args.rounds,
         batch_ms=args.batch_ms,
         hosts=args.hosts,
+        tiny=tiny,
         progress=progress,
     )
     if tiny:
-        result["method"]["smoke"] = (
-            "FASTBREAKER_REPORT_TINY is set: a smoke run, its numbers mean nothing"
-        )
+        result["method"]["smoke"] = "--tiny: a smoke run, its numbers mean nothing"
     result["command"] = "python -m fastbreaker" + "".join(
         " " + a for a in (sys.argv[1:] if argv is None else argv)
     )

@@ -268,8 +268,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--deadline", type=float, default=4.0, help="the client deadline, in service times"
     )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a smoke run of seconds, for tests and CI: every path runs, but its numbers mean "
+        "nothing",
+    )
     args = parser.parse_args(argv)
-    tiny = bool(os.environ.get("FASTBREAKER_REPORT_TINY"))
+    tiny = args.tiny
     loads = TINY_LOADS if tiny else QUICK_LOADS if args.quick else LOADS
     seconds = args.seconds or (0.5 if tiny else 1.5 if args.quick else 3.0)
     warmup = args.warmup if args.warmup is not None else (0.2 if tiny else 1.0)

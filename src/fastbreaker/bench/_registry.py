@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import _breakers, _bulkheads, _paths
+from . import _breakers, _bulkheads, _paths, _ratelimits
 from ._section import Section
 
 SECTIONS: list[Section] = [
     _breakers.SECTION,
     _bulkheads.SECTION,
     _paths.SECTION,
+    _ratelimits.SECTION,
 ]
 
 

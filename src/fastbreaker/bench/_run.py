@@ -68,9 +68,11 @@ def run_report(
     rounds: Optional[int] = None,
     batch_ms: Optional[float] = None,
     hosts: int = 10_000,
+    tiny: bool = False,
     progress: Optional[Progress] = None,
 ) -> dict[str, Any]:
-    """Run the benchmark and return the results (the structure written by ``--json``)."""
+    """Run the benchmark and return the results (the structure written by ``--json``);
+    ``tiny``: a smoke run (``--tiny``), whose scaling rows are shrunk too."""
     progress = progress or Progress(sys.stderr)
     rounds = rounds or (9 if quick else 21)
     batch_ms = batch_ms or (8.0 if quick else 25.0)
@@ -84,9 +86,7 @@ def run_report(
         loop.close()
     if _scaling.unavailable() is None:
         progress("scaling: 1 and 2 threads of the benchmark's own (joined before it goes on)")
-    result["scaling"] = _scaling.section(
-        quick, tiny=bool(os.environ.get("FASTBREAKER_REPORT_TINY"))
-    )
+    result["scaling"] = _scaling.section(quick, tiny=tiny)
     result["threads"] = {"before": threads_before, "after": threading.active_count()}
     result["date"] = date.isoformat(timespec="seconds")
     result["seconds"] = round(time.perf_counter() - started, 1)
@@ -184,6 +184,9 @@ def _run(
     time_rounds(cells, rounds, progress)
 
     baselines_ns = baselines(loop, target_ns)
+    for system in every:
+        if system.close is not None:
+            system.close()
     for cell in cells:
         results = cell.owner.results
         results[cell.metric] = statistics.median(cell.diffs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -31,6 +32,8 @@ class System:
     build_hosts: Optional[Callable[[list[str]], dict[str, Any]]] = None
     hosts_stmt: str = ""  # timed once per host as the metric "hosts_call_ns"
     results: dict[str, Any] = field(default_factory=dict)
+    # called once everything is timed: stops what a peer started (PyrateLimiter's leak thread)
+    close: Optional[Callable[[], None]] = None
 
 
 Factory = Callable[[asyncio.AbstractEventLoop], tuple[Optional[System], str]]
@@ -84,6 +87,16 @@ def peer(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def unlinked_region(name: str, size: int = 1 << 16) -> Any:
+    """A ``SharedRegion`` of the compiled core, unlinked at once: this process's mapping stays,
+    nothing is left in /dev/shm. (POSIX only: check ``sys.platform`` first.)"""
+    from .._region import region_class
+
+    region = region_class("c")(f"fbbench-{name}-{os.getpid()}", size=size)
+    region.unlink()
+    return region
 
 
 def expect_raises(fn: Callable[[], Any], exc: type[BaseException], what: str) -> None:

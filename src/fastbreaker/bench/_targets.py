@@ -56,6 +56,29 @@ PAIR_TARGETS = [
     # benchmarks/bench_region.py, which times both maps alone, interleaved)
     ("fastbreaker_shared", "allow_ns", "SharedRegion allow()", 1.3, "fastbreaker", "local"),
 ]
+# Targets between two rows of a further section, by section key, in ``PAIR_TARGETS``' shape.
+# The rate limiters' (issue 29): every limiter admits every call, so these are admissions.
+SECTION_PAIR_TARGETS = {
+    "ratelimits": [
+        (
+            "fastbreaker",
+            "try_ns",
+            "RateLimiter.try_acquire()",
+            1.5,
+            "fastbreaker_breaker",
+            "allow()",
+        ),
+        (
+            "fastbreaker",
+            "hosts_call_ns",
+            "RateLimiterMap.try_acquire(key)",
+            1.5,
+            "fastbreaker_breaker",
+            "BreakerMap.allow(key)",
+        ),
+        ("fastbreaker_shared", "try_ns", "shared try_acquire()", 2.0, "fastbreaker", "local"),
+    ],
+}
 
 
 def compute_targets(
@@ -86,24 +109,7 @@ def compute_targets(
         checks.append(
             {"what": what, "ns": fb[metric] + loop, "x_floor": ratio, "target": limit, "met": met}
         )
-    for row, metric, what, limit, ref, ref_label in PAIR_TARGETS:
-        mine, theirs = by_key.get(row, {}), by_key.get(ref, {})
-        if mine.get(metric) is None or theirs.get(metric) is None:
-            continue
-        loop = 0.0 if metric == "call_ns" else loop_ns
-        ratio = (mine[metric] + loop) / (theirs[metric] + loop)
-        checks.append(
-            {
-                "what": what,
-                "ns": mine[metric] + loop,
-                "x_floor": ratio,
-                "target": limit,
-                "met": ratio <= limit,
-                "floor": ref_label,
-                "row": ref,
-                "floor_ns": theirs[metric] + loop,
-            }
-        )
+    checks += _pair_checks(by_key, PAIR_TARGETS, loop_ns)
     for key, targets in SECTION_TARGETS.items():
         rows = {s.key: s.results for s in (sections or {}).get(key, ())}
         sec_fb, sec_floor = rows.get("fastbreaker"), rows.get("floor")
@@ -125,7 +131,38 @@ def compute_targets(
                     "floor_ns": floor_ns,
                 }
             )
+    for key, pairs in SECTION_PAIR_TARGETS.items():
+        rows = {s.key: s.results for s in (sections or {}).get(key, ())}
+        checks += _pair_checks(rows, pairs, loop_ns)
     return {"floor": "Floor().allow()", "floor_ns": unit, "loop_ns": loop_ns, "checks": checks}
+
+
+def _pair_checks(
+    by_key: Mapping[str, Mapping[str, Any]],
+    pairs: Sequence[tuple[str, str, str, float, str, str]],
+    loop_ns: float,
+) -> list[dict[str, Any]]:
+    """The checks of ``pairs`` (``PAIR_TARGETS``' shape) over the rows ``by_key``."""
+    checks = []
+    for row, metric, what, limit, ref, ref_label in pairs:
+        mine, theirs = by_key.get(row, {}), by_key.get(ref, {})
+        if mine.get(metric) is None or theirs.get(metric) is None:
+            continue
+        loop = 0.0 if metric == "call_ns" else loop_ns
+        ratio = (mine[metric] + loop) / (theirs[metric] + loop)
+        checks.append(
+            {
+                "what": what,
+                "ns": mine[metric] + loop,
+                "x_floor": ratio,
+                "target": limit,
+                "met": ratio <= limit,
+                "floor": ref_label,
+                "row": ref,
+                "floor_ns": theirs[metric] + loop,
+            }
+        )
+    return checks
 
 
 def missed_targets(result: Mapping[str, Any]) -> list[str]:

@@ -25,15 +25,20 @@ Health and readiness paths (``exempt``, by default ``/health`` and ``/ready``, e
 path itself and anything below it) bypass the shedder: a health check that sheds turns a partial
 outage into a full one, as the orchestrator then restarts a service that is merely busy.
 
-The middleware is plain ASGI 3 (no framework needed); lifespan and websocket scopes pass through.
-Starlette, uvicorn and anyio are in the ``asgi`` extra, for serving and testing.
+``RateLimitMiddleware(app, limiter_map)`` admits each HTTP request through a
+``fastbreaker.RateLimiterMap`` keyed by the client's address: a refusal is ``429 Too Many
+Requests`` with ``Retry-After`` and the IETF ``RateLimit-Policy`` / ``RateLimit`` headers.
+
+Both middlewares are plain ASGI 3 (no framework needed); lifespan and websocket scopes pass
+through. Starlette, uvicorn and anyio are in the ``asgi`` extra, for serving and testing.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Callable, Collection, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, Hashable, Iterable, MutableMapping
+from fractions import Fraction
 from typing import Any, Optional
 
 from .._calls import logger
@@ -41,7 +46,13 @@ from .._deadline import deadline
 from .._errors import LoadShedError
 from .._priority import Priority, priority
 
-__all__ = ["LoadSheddingMiddleware", "parse_deadline", "parse_priority"]
+__all__ = [
+    "LoadSheddingMiddleware",
+    "RateLimitMiddleware",
+    "client_address",
+    "parse_deadline",
+    "parse_priority",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -183,17 +194,165 @@ class LoadSheddingMiddleware:
 async def _refuse(send: Send, exc: LoadShedError) -> None:
     retry_after = exc.retry_after
     seconds = max(1, math.ceil(retry_after)) if math.isfinite(retry_after) else 1
-    body = f"503 Service Unavailable: load shed ({exc.reason})\n".encode()
+    text = f"503 Service Unavailable: load shed ({exc.reason})\n"
+    await _refusal(send, 503, text, seconds, [(b"x-load-shed", exc.reason.encode())])
+
+
+async def _refusal(
+    send: Send, status: int, text: str, retry_after: int, extra: list[tuple[bytes, bytes]]
+) -> None:
+    """Send a plain-text refusal with ``Retry-After`` (whole seconds) and ``extra`` headers."""
+    body = text.encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 503,
+            "status": status,
             "headers": [
                 (b"content-type", b"text/plain; charset=utf-8"),
                 (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(seconds).encode()),
-                (b"x-load-shed", exc.reason.encode()),
+                (b"retry-after", str(retry_after).encode()),
+                *extra,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+# -- rate limits ---------------------------------------------------------------------------------
+def client_address(scope: Scope) -> Hashable:
+    """``RateLimitMiddleware``'s default key: the client's address (``scope["client"][0]``),
+    or None when the server gives none (a Unix socket): such requests share one key."""
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+def _one(scope: Scope) -> int:
+    return 1
+
+
+def _sf_string(text: str, param: str) -> str:
+    # An RFC 8941 String: printable ASCII, with backslash and double quote escaped.
+    if not all(" " <= ch <= "~" for ch in text):
+        raise ValueError(
+            f"{param} must be printable ASCII to name a RateLimit policy, got {text!r}"
+        )
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _quota(rate: Any) -> tuple[int, int]:
+    """``(q, w)`` for ``RateLimit-Policy``: ``rate`` as whole units per whole seconds."""
+    per_second = Fraction(rate.limit) / Fraction(round(rate.per * 1e9), 10**9)
+    window = max(1, math.ceil(rate.per))
+    if per_second * window < 1:  # slower than 1 unit a second: the window one unit takes
+        window = math.ceil(1 / per_second)
+    return math.floor(per_second * window), window
+
+
+class RateLimitMiddleware:
+    """ASGI middleware that admits each HTTP request through ``limiter_map``, a
+    ``fastbreaker.RateLimiterMap``: ``limiter_map.try_acquire(key(scope), weight(scope))``.
+
+    A refused request never reaches the application: it gets ``429 Too Many Requests`` with
+    ``Retry-After`` (whole seconds, rounded up, at least 1) and the ``RateLimit-Policy`` and
+    ``RateLimit`` headers of draft-ietf-httpapi-ratelimit-headers-10 (structured fields:
+    ``RateLimit-Policy: "default";q=100;w=60`` for each rate, ``RateLimit: "default";r=0;t=5``,
+    ``r`` the units the key may spend now, ``t`` the whole seconds until its quota is full
+    again). Admitted responses carry both headers too (the state right after the admission),
+    so a client can slow down before it is refused. The policies are named after the map
+    (``name``, else ``"default"``; ``"name-0"``, ``"name-1"``, ... with several rates, and
+    ``RateLimit`` then reports what all the rates together allow under the name of the one
+    with the smallest burst). Lifespan and websocket scopes pass through.
+
+    Args:
+        app: the ASGI 3 application to protect.
+        limiter_map: a ``fastbreaker.RateLimiterMap``.
+        key: ``key(scope)`` -> the hashable key to limit by; default the client's address
+            (``client_address``).
+        weight: ``weight(scope)`` -> the units the request costs (an int in [1, the smallest
+            burst]; anything else is the map's ``TypeError``/``ValueError``); default 1.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter_map: Any,
+        *,
+        key: Optional[Callable[[Scope], Hashable]] = None,
+        weight: Optional[Callable[[Scope], int]] = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI application (callable), got {app!r}")
+        if not all(
+            callable(getattr(limiter_map, m, None)) for m in ("try_acquire", "retry_after")
+        ) or not isinstance(getattr(limiter_map, "max_keys", None), int):
+            raise TypeError(
+                f"limiter_map must be a fastbreaker.RateLimiterMap, got {limiter_map!r}"
+            )
+        if key is not None and not callable(key):
+            raise TypeError(f"key must be a callable(scope) -> hashable or None, got {key!r}")
+        if weight is not None and not callable(weight):
+            raise TypeError(f"weight must be a callable(scope) -> int or None, got {weight!r}")
+        self.app = app
+        self.limiter_map = limiter_map
+        self.key = key or client_address
+        self.weight = weight or _one
+        rates = tuple(limiter_map.rates)
+        base = limiter_map.name or "default"
+        names = [base] if len(rates) == 1 else [f"{base}-{i}" for i in range(len(rates))]
+        ids = [_sf_string(n, "limiter_map.name") for n in names]
+        policies = []
+        for sf_id, rate in zip(ids, rates):
+            q, w = _quota(rate)
+            policies.append(f"{sf_id};q={q};w={w}")
+        self._policy = ", ".join(policies).encode("ascii")
+        # the most units one request may take: the smallest burst
+        bursts = [r.tolerance_ns // r.interval_ns for r in rates]
+        self._max_units = min(bursts)
+        self._id = ids[bursts.index(self._max_units)]
+
+    def _state(self, key: Hashable) -> tuple[int, float]:
+        """``(r, t)``: the units ``key`` may spend now (a binary search over ``retry_after``,
+        which is monotonic in the weight) and the seconds until its quota is full."""
+        retry_after = self.limiter_map.retry_after
+        lo, hi = 0, self._max_units
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if retry_after(key, mid) > 0.0:
+                hi = mid - 1
+            else:
+                lo = mid
+        return lo, retry_after(key, self._max_units)
+
+    def _headers(self, key: Hashable) -> list[tuple[bytes, bytes]]:
+        r, t = self._state(key)
+        value = f"{self._id};r={r};t={math.ceil(t)}".encode("ascii")
+        return [(b"ratelimit-policy", self._policy), (b"ratelimit", value)]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point: serve one connection (``scope``, ``receive``, ``send``); an
+        HTTP request is admitted by the map or refused with 429, anything else goes straight
+        to the app."""
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        key = self.key(scope)
+        weight = self.weight(scope)
+        if not self.limiter_map.try_acquire(key, weight):
+            wait = self.limiter_map.retry_after(key, weight)
+            await _refusal(
+                send,
+                429,
+                "429 Too Many Requests: rate limited\n",
+                max(1, math.ceil(wait)),
+                self._headers(key),
+            )
+            return
+        extra = self._headers(key)
+
+        async def send_with_headers(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                message = dict(message)
+                message["headers"] = [*message.get("headers", ()), *extra]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
