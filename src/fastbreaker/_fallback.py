@@ -26,7 +26,17 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Hashable
 from time import monotonic_ns
-from typing import Any, NamedTuple, Optional, ParamSpec, Protocol, TypeVar, Union, cast
+from typing import (
+    Any,
+    NamedTuple,
+    Optional,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    Union,
+    cast,
+    runtime_checkable,
+)
 
 from . import _calls
 from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
@@ -72,10 +82,13 @@ class FallbackMetrics(NamedTuple):
     fallback_active_seconds: float
 
 
+@runtime_checkable
 class Degraded(Protocol[P, T_co]):
     """What ``fallback`` and ``stale_on_error`` return: the function, plus ``metrics()``."""
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T_co: ...
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T_co:
+        """Call the function with ``args`` and ``kwargs``: its result, or a degraded answer."""
+        ...
 
     def metrics(self) -> FallbackMetrics:
         """The wrapper's counters (see ``FallbackMetrics``)."""

@@ -397,7 +397,8 @@ class Attempt:
     Leaving the block with a retryable error swallows it when another attempt will follow (the
     loop then sleeps and yields that attempt); otherwise the error propagates from the block:
     unchanged when attempts or the budget are used up, or as ``DeadlineExceeded`` chained from
-    it when the deadline refuses. ``number`` is 1-based.
+    it when the deadline refuses. ``number`` is 1-based; ``run`` is the loop that made it (the
+    loop makes attempts; code does not).
     """
 
     __slots__ = ("number", "_run", "_token")
@@ -514,6 +515,7 @@ class Retrying:
     """What ``retrying()`` returns: iterate it with ``for`` (sync) or ``async for`` (async).
 
     Each loop over it is a separate operation with its own attempt count and deadline.
+    ``policy`` holds ``retrying()``'s validated options (``retrying()`` makes it).
     """
 
     __slots__ = ("_policy",)
