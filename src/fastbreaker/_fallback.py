@@ -41,6 +41,7 @@ from typing import (
 from . import _calls
 from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
 from ._errors import BulkheadFullError, CircuitOpenError, LoadShedError, exception_matcher
+from ._keywords import checks_keywords
 
 __all__ = ["Degraded", "FallbackMetrics", "fallback", "stale_on_error"]
 
@@ -168,6 +169,7 @@ def _attach(wrapper: Callable[..., Any], stats: _Stats) -> Any:
     return wrapper
 
 
+@checks_keywords
 def fallback(
     handler: Callable[..., Any],
     *,
@@ -318,6 +320,7 @@ def _default_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     return (*args, _KWARGS, *sorted(kwargs.items()))
 
 
+@checks_keywords
 def stale_on_error(
     ttl: Seconds,
     *,
