@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
+
+import fastbreaker
 
 CODE = (
     "import fastbreaker as fb; "
@@ -39,8 +40,7 @@ def run(env_extra, code=CODE):
 
 
 @pytest.mark.skipif(
-    platform.python_implementation() != "CPython"
-    or bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")),
+    not fastbreaker.COMPILED,
     reason="the compiled core is the default on CPython builds with extensions",
 )
 def test_plain_import_uses_compiled_core():
@@ -67,9 +67,7 @@ def test_env_var_selects_pure_python_twin():
     ids=["default", "env-var", "not-cpython"],
 )
 def test_every_place_agrees_on_the_core(env, prefix, expect):
-    if expect == "compiled" and (
-        platform.python_implementation() != "CPython" or os.environ.get("FASTBREAKER_NO_EXTENSIONS")
-    ):
+    if expect == "compiled" and not fastbreaker.COMPILED:
         pytest.skip("the compiled core is the default on CPython builds with extensions")
     compiled, breaker_mod, budget_mod, map_mod, impls, any_c = run(env, prefix + CODE_ALL)
     if expect == "compiled":
@@ -174,8 +172,8 @@ def test_setup_py_follows_the_same_rule():
     [("0", "compiled"), ("off", "compiled"), ("yes", "twin"), ("false", "compiled")],
 )
 def test_the_environment_variable_selects_by_its_value(value, expect):
-    if expect == "compiled" and platform.python_implementation() != "CPython":
-        pytest.skip("the compiled core is only used on CPython")
+    if expect == "compiled" and not fastbreaker.COMPILED:
+        pytest.skip("needs the compiled core (a pure-Python build has no extension to select)")
     compiled, _, breaker_mod, _ = run({"FASTBREAKER_NO_EXTENSIONS": value})
     assert (compiled, breaker_mod) == (
         ("True", "fastbreaker._breaker_c")
