@@ -1,6 +1,7 @@
 """Build fastbreaker's compiled core.
 
-FASTBREAKER_NO_EXTENSIONS=1 builds a pure-Python package (the reference twin only).
+FASTBREAKER_NO_EXTENSIONS=1 (or true, yes, on) builds a pure-Python package (the reference twin
+only); 0, false, no, off or empty build the compiled core, anything else is an error.
 FASTBREAKER_DEBUG=1 compiles with Cython's bounds checks and C asserts switched on.
 A release build carries no debug information (-g0, and the linker drops any: -Wl,-S), unless
 FASTBREAKER_DEBUG is set or CFLAGS asks for it (-g; the ThreadSanitizer leg does).
@@ -10,7 +11,28 @@ import os
 
 from setuptools import Extension, setup
 
-NO_EXTENSIONS = bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS"))
+
+# A copy of fastbreaker._select.no_extensions (setup.py cannot import the package it builds);
+# tests/test_selector.py checks that the two are the same text.
+def no_extensions(value: str | None) -> bool:
+    """Whether ``value`` of FASTBREAKER_NO_EXTENSIONS selects the pure-Python twin.
+
+    1, true, yes, on: the twin. 0, false, no, off, empty or unset: the compiled core. Any case,
+    surrounding spaces ignored. Anything else is a ValueError: a typo must not pick a core that
+    is 30-45x slower (or not the one being debugged) without a word.
+    """
+    text = (value or "").strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(
+        f"FASTBREAKER_NO_EXTENSIONS must be 1, true, yes or on (the pure-Python twin) or 0, "
+        f"false, no, off or empty (the compiled core), got {value!r}"
+    )
+
+
+NO_EXTENSIONS = no_extensions(os.environ.get("FASTBREAKER_NO_EXTENSIONS"))
 DEBUG = bool(os.environ.get("FASTBREAKER_DEBUG"))
 KEEP_DEBUG_INFO = DEBUG or any(f.startswith("-g") for f in os.environ.get("CFLAGS", "").split())
 

@@ -16,16 +16,16 @@ The open groups catch the breaker's error inside the measured function, as a cal
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import pytest
 
+import fastbreaker
 import fastbreaker.compat.circuitbreaker as compat_circuitbreaker
 import fastbreaker.compat.pybreaker as compat_pybreaker
 from fastbreaker import _breaker_py
 
-IMPLS = ["python"] if os.environ.get("FASTBREAKER_NO_EXTENSIONS") else ["c", "python"]
+IMPLS = ["c", "python"] if fastbreaker.COMPILED else ["python"]
 
 
 def _core(impl: str) -> Any:

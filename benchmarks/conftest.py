@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 import types
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -49,7 +48,7 @@ def fb(request: pytest.FixtureRequest) -> types.SimpleNamespace:
 @pytest.fixture
 def floor() -> Any:
     """``Floor()``: what a compiled ``allow()`` is measured against."""
-    if os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
+    if not fastbreaker.COMPILED:
         pytest.skip("the floor is compiled; this is a pure-Python run")
     from fastbreaker.bench._floor_c import Floor
 

@@ -21,12 +21,11 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+import fastbreaker
 from fastbreaker import _breaker_py
 from fastbreaker.testing import FakeClock
 
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="needs the compiled core"
-)
+pytestmark = pytest.mark.skipif(not fastbreaker.COMPILED, reason="needs the compiled core")
 
 OUTCOMES = st.sampled_from([0, 1, 2, 3, 4])  # success, slow, failure, neutral, timeout
 BAD_READINGS = st.sampled_from([-1, 2**63, None, "1", 1.5, True])

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import fastbreaker
 from fastbreaker.testing import FakeClock
 
 UNIT = 1_000_000  # fixed-point units per token (both implementations)
@@ -297,7 +298,7 @@ def test_threads_conserve_tokens(fb: types.SimpleNamespace) -> None:
 
 
 def _c_module() -> Any:
-    if os.environ.get("FASTBREAKER_NO_EXTENSIONS"):
+    if not fastbreaker.COMPILED:
         pytest.skip("pure-Python build")
     from fastbreaker import _budget_c
 

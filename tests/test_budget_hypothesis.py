@@ -3,7 +3,6 @@ full-jitter bounds, and the interplay of retries, deadlines and budgets. No real
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 import uuid
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import fastbreaker
 from fastbreaker import _budget_py, _options, _retry
 from fastbreaker.testing import FakeClock, instant_retries
 
@@ -56,7 +56,7 @@ def _apply(budget: Any, clock: FakeClock, op: str, arg: int) -> object:
     return budget.tokens
 
 
-@pytest.mark.skipif(bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="pure build")
+@pytest.mark.skipif(not fastbreaker.COMPILED, reason="pure build")
 @given(
     ratio=ratios,
     capacity=capacities,

@@ -7,9 +7,11 @@ exporter's collection does.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,14 +234,17 @@ def test_counters_are_counters_and_levels_are_gauges(fb, clock, otel):
     m = fb.BreakerMap(failure_threshold=1, clock=clock)
     _fail(m, "down")
     b.call(lambda: None)
+    # kept alive here: instrument() holds weak references
+    budget, slots = fb.RetryBudget(clock=clock), fb.Bulkhead(2, name="slots")
+    shedder, f = fb.LoadShedder(1, name="api"), fb.fallback(lambda exc: None)(lambda: None)
     instrument(
         otel.meter,
         breakers=[b],
         maps={"m": m},
-        budgets={"b": fb.RetryBudget(clock=clock)},
-        bulkheads=[fb.Bulkhead(2, name="slots")],
-        shedders=[fb.LoadShedder(1, name="api")],
-        fallbacks={"f": fb.fallback(lambda exc: None)(lambda: None)},
+        budgets={"b": budget},
+        bulkheads=[slots],
+        shedders=[shedder],
+        fallbacks={"f": f},
     )
     c = otel.collect()
     everything = ALL_NAMES
@@ -665,10 +670,11 @@ def test_instrument_names(fb, clock, otel):
 
 def test_only_the_kinds_given_are_registered(fb, clock, otel):
     assert instrument(otel.meter).instruments == ()
-    budgets = instrument(otel.meter, budgets={"r": fb.RetryBudget(clock=clock)})
+    budget, m = fb.RetryBudget(clock=clock), fb.BreakerMap(clock=clock)  # alive: held weakly
+    budgets = instrument(otel.meter, budgets={"r": budget})
     assert [i.name for i in budgets.instruments] == BUDGET_NAMES
     # another kind on the same meter is fine
-    maps = instrument(otel.meter, maps={"m": fb.BreakerMap(clock=clock)})
+    maps = instrument(otel.meter, maps={"m": m})
     assert [i.name for i in maps.instruments] == MAP_NAMES
     assert otel.collect().names() == {
         *BUDGET_NAMES,
@@ -875,3 +881,48 @@ def test_importing_the_module_does_not_import_opentelemetry():
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], sys.modules\n"
     )
     assert out.returncode == 0, out.stderr
+
+
+# -- weak references -------------------------------------------------------------------------------
+def test_a_dropped_object_is_no_longer_exported(fb, clock, otel):
+    kept = fb.CircuitBreaker(name="kept", clock=clock)
+    objs = {
+        "b": fb.CircuitBreaker(name="b", clock=clock),
+        "m": fb.BreakerMap(clock=clock),
+        "budget": fb.RetryBudget(clock=clock),
+        "slots": fb.Bulkhead(2, name="slots"),
+        "shed": fb.LoadShedder(1, name="shed"),
+        "f": fb.fallback(lambda exc: 0)(lambda: 1),
+    }
+    instrument(
+        otel.meter,
+        breakers=[kept, objs["b"]],
+        maps={"m": objs["m"]},
+        budgets={"budget": objs["budget"]},
+        bulkheads=[objs["slots"]],
+        shedders=[objs["shed"]],
+        fallbacks={"f": objs["f"]},
+    )
+    seen = {
+        "fastbreaker.breaker.failures": {"kept", "b"},
+        "fastbreaker.map.keys": {"m"},
+        "fastbreaker.retry_budget.tokens": {"budget"},
+        "fastbreaker.bulkhead.limit": {"slots"},
+        "fastbreaker.shedder.admitted": {"shed"},
+        "fastbreaker.fallback.calls": {"f"},
+    }
+
+    def exported() -> dict[str, set[str]]:
+        c = otel.collect()
+        return {
+            name: {dict(k).get("name") or dict(k)["map"] for k in c.series(name)} for name in seen
+        }
+
+    assert exported() == seen
+    refs = [weakref.ref(obj) for obj in objs.values()]
+    objs.clear()
+    gc.collect()
+    assert [r() for r in refs] == [None] * 6  # the callbacks kept none of them alive
+    assert exported() == {
+        name: ({"kept"} if name.startswith("fastbreaker.breaker.") else set()) for name in seen
+    }

@@ -7,10 +7,13 @@ exposition text with ``prometheus_client.parser``.
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import subprocess
 import sys
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -18,6 +21,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")  # the optional extra: fastbreaker[prometheus]
 
+from memory_support import assert_flat, not_on_free_threading  # noqa: E402
 from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -481,7 +485,7 @@ def test_invalid_arguments(fb, clock):
     collector = BreakerCollector()
     with pytest.raises(ValueError, match="no name"):
         collector.add_breaker(fb.CircuitBreaker(clock=clock))
-    collector.add_breaker(fb.CircuitBreaker(name="x", clock=clock))
+    kept = collector.add_breaker(fb.CircuitBreaker(name="x", clock=clock))  # noqa: F841 - alive
     with pytest.raises(ValueError, match="already used"):
         collector.add_breaker(fb.CircuitBreaker(name="x", clock=clock))
     with pytest.raises(TypeError, match="BreakerMap"):
@@ -535,3 +539,45 @@ def test_a_clear_error_without_prometheus_client():
     )
     assert out.returncode == 0, out.stderr
     assert "pip install 'fastbreaker[prometheus]'" in out.stdout
+
+
+# -- weak references -------------------------------------------------------------------------------
+def _exported(collector: BreakerCollector) -> set[str]:
+    """The names and map labels that one collection exports."""
+    return {
+        s.labels.get("name") or s.labels["map"]
+        for family in collector.collect()
+        for s in family.samples
+    }
+
+
+def test_a_dropped_object_is_no_longer_exported(fb, clock):
+    collector = BreakerCollector()
+    kept = collector.add_breaker(fb.CircuitBreaker(name="kept", clock=clock))
+    b = collector.add_breaker(fb.CircuitBreaker(name="b", clock=clock))
+    m = collector.add_map(fb.BreakerMap(clock=clock), "m")
+    budget = collector.add_budget(fb.RetryBudget(clock=clock), "budget")
+    shedder = collector.add_shedder(fb.LoadShedder(1, name="shed", clock=clock))
+    f = collector.add_fallback(fb.fallback(lambda exc: 0)(lambda: 1), "f")
+    assert _exported(collector) == {"kept", "b", "m", "budget", "shed", "f"}
+    refs = [weakref.ref(obj) for obj in (b, m, budget, shedder, f)]
+    del b, m, budget, shedder, f
+    gc.collect()
+    assert [r() for r in refs] == [None] * 5  # the collector kept none of them alive
+    assert _exported(collector) == {"kept"}  # without remove()
+    again = collector.add_breaker(fb.CircuitBreaker(name="b", clock=clock))  # the name is free
+    assert _exported(collector) == {"kept", "b"}
+    assert kept.name == "kept" and again.name == "b"
+
+
+@not_on_free_threading
+def test_objects_added_and_dropped_leave_nothing_behind(fb, clock):
+    collector = BreakerCollector()
+    names = (f"b{i}" for i in itertools.count())
+
+    def step() -> None:
+        collector.add_breaker(fb.CircuitBreaker(name=next(names), clock=clock))
+        collector.add_budget(fb.RetryBudget(clock=clock), next(names))
+        assert _exported(collector) == set()
+
+    assert_flat(step, small=200, large=1_000)

@@ -23,12 +23,11 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+import fastbreaker
 from fastbreaker import _breaker_py, _map
 from fastbreaker.testing import FakeClock
 
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="needs the compiled core"
-)
+pytestmark = pytest.mark.skipif(not fastbreaker.COMPILED, reason="needs the compiled core")
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "e", None, ("h", 1)])
 OTHER_KEYS = st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "g", 7]), max_size=8)

@@ -3,13 +3,13 @@ step by step. Fake clock, exact ns; no sleeps."""
 
 from __future__ import annotations
 
-import os
 from fractions import Fraction
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+import fastbreaker
 from fastbreaker import _ratelimit_py
 from fastbreaker.testing import FakeClock
 
@@ -123,7 +123,7 @@ def _step(lim: Any, m: Any, clock: FakeClock, op: str, key: int, arg: int) -> ob
     return None
 
 
-@pytest.mark.skipif(bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")), reason="pure build")
+@pytest.mark.skipif(not fastbreaker.COMPILED, reason="pure build")
 @given(
     args=st.lists(rate_args, min_size=1, max_size=3),
     max_keys=st.integers(1, 5),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
+
+import fastbreaker
 
 CODE = (
     "import fastbreaker as fb; "
@@ -39,8 +40,7 @@ def run(env_extra, code=CODE):
 
 
 @pytest.mark.skipif(
-    platform.python_implementation() != "CPython"
-    or bool(os.environ.get("FASTBREAKER_NO_EXTENSIONS")),
+    not fastbreaker.COMPILED,
     reason="the compiled core is the default on CPython builds with extensions",
 )
 def test_plain_import_uses_compiled_core():
@@ -67,9 +67,7 @@ def test_env_var_selects_pure_python_twin():
     ids=["default", "env-var", "not-cpython"],
 )
 def test_every_place_agrees_on_the_core(env, prefix, expect):
-    if expect == "compiled" and (
-        platform.python_implementation() != "CPython" or os.environ.get("FASTBREAKER_NO_EXTENSIONS")
-    ):
+    if expect == "compiled" and not fastbreaker.COMPILED:
         pytest.skip("the compiled core is the default on CPython builds with extensions")
     compiled, breaker_mod, budget_mod, map_mod, impls, any_c = run(env, prefix + CODE_ALL)
     if expect == "compiled":
@@ -114,3 +112,88 @@ def test_public_names(fb):
     assert issubclass(fb.BreakerError, Exception)
     assert issubclass(fb.DeadlineExceeded, fb.BreakerError)
     assert issubclass(fb.DeadlineExceeded, TimeoutError)
+
+
+# What FASTBREAKER_NO_EXTENSIONS may say: every spelling, and what it selects.
+TWIN_VALUES = ["1", "true", "yes", "on", "TRUE", " Yes ", "On"]
+COMPILED_VALUES = ["", "0", "false", "no", "off", "False", " NO ", "OFF"]
+BAD_VALUES = ["2", "maybe", "ture", "y", "-1", "1.0", "enable"]
+
+
+def setup_py_no_extensions():
+    """setup.py's copy of the rule, read from its source (setup.py cannot be imported: it runs
+    the build)."""
+    import ast
+
+    import fastbreaker
+
+    path = os.path.join(os.path.dirname(fastbreaker.__file__), "..", "..", "setup.py")
+    if not os.path.exists(path):
+        pytest.skip("setup.py is not beside this fastbreaker (an installed package)")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    node = next(n for n in ast.parse(text).body if getattr(n, "name", None) == "no_extensions")
+    namespace: dict = {}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), namespace)
+    return ast.get_source_segment(text, node), namespace["no_extensions"]
+
+
+def test_the_rule_reads_every_spelling():
+    from fastbreaker._select import no_extensions
+
+    assert [no_extensions(v) for v in TWIN_VALUES] == [True] * len(TWIN_VALUES)
+    assert [no_extensions(v) for v in COMPILED_VALUES] == [False] * len(COMPILED_VALUES)
+    assert no_extensions(None) is False
+    for value in BAD_VALUES:
+        with pytest.raises(ValueError, match=r"FASTBREAKER_NO_EXTENSIONS must be 1, true, yes"):
+            no_extensions(value)
+
+
+def test_setup_py_follows_the_same_rule():
+    import inspect
+
+    from fastbreaker import _select
+
+    text, setup_rule = setup_py_no_extensions()
+    assert text == inspect.getsource(_select.no_extensions).rstrip()
+    for value in [None, *TWIN_VALUES, *COMPILED_VALUES, *BAD_VALUES]:
+        try:
+            expected = _select.no_extensions(value)
+        except ValueError as exc:
+            with pytest.raises(ValueError) as got:
+                setup_rule(value)
+            assert str(got.value) == str(exc)
+        else:
+            assert setup_rule(value) is expected, value
+
+
+@pytest.mark.parametrize(
+    "value, expect",
+    [("0", "compiled"), ("off", "compiled"), ("yes", "twin"), ("false", "compiled")],
+)
+def test_the_environment_variable_selects_by_its_value(value, expect):
+    if expect == "compiled" and not fastbreaker.COMPILED:
+        pytest.skip("needs the compiled core (a pure-Python build has no extension to select)")
+    compiled, _, breaker_mod, _ = run({"FASTBREAKER_NO_EXTENSIONS": value})
+    assert (compiled, breaker_mod) == (
+        ("True", "fastbreaker._breaker_c")
+        if expect == "compiled"
+        else ("False", "fastbreaker._breaker_py")
+    )
+
+
+def test_an_unknown_value_is_an_error_naming_the_accepted_ones():
+    import fastbreaker
+
+    env = {k: v for k, v in os.environ.items() if k != "FASTBREAKER_NO_EXTENSIONS"}
+    src = os.path.dirname(os.path.dirname(fastbreaker.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    env["FASTBREAKER_NO_EXTENSIONS"] = "ture"
+    out = subprocess.run(
+        [sys.executable, "-c", "import fastbreaker"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert (
+        "ValueError: FASTBREAKER_NO_EXTENSIONS must be 1, true, yes or on (the pure-Python twin) "
+        "or 0, false, no, off or empty (the compiled core), got 'ture'"
+    ) in out.stderr

@@ -35,14 +35,14 @@ else:
 
 from . import testing
 from ._bulkhead import BulkheadMetrics
-from ._deadline import Deadline, current_deadline, deadline
-from ._fallback import FallbackMetrics, fallback, stale_on_error
+from ._deadline import Deadline, DeadlineScope, current_deadline, deadline
+from ._fallback import Degraded, FallbackMetrics, fallback, stale_on_error
 from ._map import BreakerMap, MapMetrics
 from ._metrics import Latency
-from ._priority import Priority, current_priority, priority
+from ._priority import Priority, PriorityScope, current_priority, priority
 from ._ratelimit import Rate, RateLimiterMapMetrics, RateLimiterMetrics
 from ._region import default_class as _region_default
-from ._retry import retry, retrying
+from ._retry import Attempt, Retrying, retry, retrying
 from ._shed import LoadShedder, ShedderMetrics
 from ._version import __version__ as __version__
 
@@ -61,6 +61,7 @@ def get_include() -> str:
 __all__ = [
     "COMPILED",
     "AdaptiveLimiter",
+    "Attempt",
     "BreakerError",
     "BreakerMap",
     "Bulkhead",
@@ -70,6 +71,8 @@ __all__ = [
     "CircuitOpenError",
     "Deadline",
     "DeadlineExceeded",
+    "DeadlineScope",
+    "Degraded",
     "FallbackMetrics",
     "Latency",
     "LoadShedError",
@@ -77,6 +80,7 @@ __all__ = [
     "MapMetrics",
     "Metrics",
     "Priority",
+    "PriorityScope",
     "Rate",
     "RateLimitedError",
     "RateLimiter",
@@ -84,6 +88,7 @@ __all__ = [
     "RateLimiterMapMetrics",
     "RateLimiterMetrics",
     "RetryBudget",
+    "Retrying",
     "ShedderMetrics",
     "SharedRegion",
     "SharedStateTimeout",
@@ -99,3 +104,10 @@ __all__ = [
     "stale_on_error",
     "testing",
 ]
+
+#: What ``dir(fastbreaker)`` shows besides the public names (no imports or typing helpers).
+_DUNDERS = ("__all__", "__doc__", "__file__", "__name__", "__path__", "__spec__", "__version__")
+
+
+def __dir__() -> list[str]:
+    return sorted((*__all__, *_DUNDERS))

@@ -27,6 +27,7 @@ import contextvars as _contextvars
 import os as _os
 import inspect as _inspect
 from ._options import BreakerOptions, class_signature
+from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
 
 cdef extern from "Python.h":
     object PyObject_Vectorcall(object fn, PyObject **args, size_t nargsf, PyObject *kwnames)
@@ -1544,6 +1545,11 @@ _CLOSED, _OPEN, _HALF_OPEN, _ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPE
 _STATES = (_CLOSED, _OPEN, _HALF_OPEN, _ISOLATED)
 
 
+# inspect.signature() and help() (Cython gives a class no signature), and the keywords taken.
+_SIGNATURE = class_signature(_inspect.signature(BreakerOptions.__init__))
+_KEYWORDS = _keyword_names(_SIGNATURE)
+
+
 @cython.final
 @cython.no_gc_clear
 cdef class CircuitBreaker:
@@ -1554,7 +1560,7 @@ cdef class CircuitBreaker:
     cdef object __weakref__
 
     # help() and inspect.signature(): the option list, from the one place it is written.
-    __signature__ = class_signature(_inspect.signature(BreakerOptions.__init__))
+    __signature__ = _SIGNATURE
 
     # The object owns one reference to the Config its C state points at (st.cfg.owner). The
     # cycle GC sees it through the traverse function installed below the class, not through a
@@ -1570,6 +1576,8 @@ cdef class CircuitBreaker:
 
     def __init__(self, *args, **options):
         """Every option is documented, validated and spelled out once: ``BreakerOptions``."""
+        if options and not _KEYWORDS.issuperset(options):  # name this class, not BreakerOptions
+            _check_keywords("CircuitBreaker", options, _KEYWORDS)
         if cfg_of(&self.st) != NULL:
             raise RuntimeError("CircuitBreaker.__init__ called twice: create a new breaker")
         validated = BreakerOptions(*args, **options)

@@ -44,7 +44,6 @@ The config (options, listeners, classification, clock) stays per process. The re
 from __future__ import annotations
 
 import bisect
-import inspect
 import itertools
 import math
 import os
@@ -78,6 +77,7 @@ from ._errors import (
     not_copyable,
     uninitialised,
 )
+from ._keywords import checks_keywords
 from ._metrics import Latency, Metrics
 from ._options import (
     BUCKET_MAX,
@@ -89,7 +89,6 @@ from ._options import (
     OUT_TIMEOUT,
     BreakerOptions,
     Duration,
-    class_signature,
     signature_of,
 )
 
@@ -519,6 +518,8 @@ _GUARDED = ("_config", "_lock", "_state", "_label")
 
 
 @final
+@checks_keywords
+@checks_keywords
 class CircuitBreaker:
     """A circuit breaker: lock-free in the compiled core, this twin guards its state with a lock.
 
@@ -1315,7 +1316,3 @@ class CircuitBreaker:
             )
         self._fire(trans)
         return result
-
-
-# inspect.signature() and help() show the constructor's parameters, not __new__'s *args/**kwargs.
-CircuitBreaker.__signature__ = class_signature(inspect.signature(CircuitBreaker.__init__))  # type: ignore[attr-defined]

@@ -11,9 +11,15 @@ cimport cython
 from libc.stdint cimport int64_t
 
 from ._durations import check_clock as _check_clock, read_clock as _now
-from ._options import TOKEN_UNIT as _PY_UNIT, budget_units as _config
 import inspect as _inspect
+
 from ._errors import not_copyable as _not_copyable
+from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
+from ._options import TOKEN_UNIT as _PY_UNIT, budget_parameters as _parameters, budget_units as _config
+
+# inspect.signature() and help() (Cython gives a class no signature), and the keywords it takes.
+_SIGNATURE = _inspect.signature(_parameters)
+_KEYWORDS = _keyword_names(_SIGNATURE)
 
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
@@ -107,15 +113,11 @@ cdef class RetryBudget:
 
     # The state is set once, by the first __init__, before any other thread can see the object; a
     # second __init__ is refused (it would race with the budget's users).
-    # help() and inspect.signature() (Cython cannot embed a class's own signature).
-    __signature__ = _inspect.Signature([
-        _inspect.Parameter("ratio", _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0.1),
-        _inspect.Parameter("capacity", _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=100.0),
-        _inspect.Parameter("min_per_sec", _inspect.Parameter.POSITIONAL_OR_KEYWORD, default=1.0),
-        _inspect.Parameter("clock", _inspect.Parameter.KEYWORD_ONLY, default=None),
-    ])
+    __signature__ = _SIGNATURE
 
-    def __init__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None):
+    def __init__(self, ratio=0.1, capacity=100.0, min_per_sec=1.0, *, clock=None, **unknown):
+        if unknown:  # a mistyped keyword names this class (Cython's own error would not)
+            _check_keywords("RetryBudget", unknown, _KEYWORDS)
         if self._ready:
             raise RuntimeError("RetryBudget.__init__ called twice: create a new budget")
         deposit, cap, rate = _config(ratio, capacity, min_per_sec)

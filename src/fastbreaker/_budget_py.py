@@ -21,7 +21,6 @@ clock come from the constructor's arguments in each process.
 
 from __future__ import annotations
 
-import inspect
 import struct
 import threading
 import time
@@ -31,7 +30,8 @@ from typing import Any, final
 
 from ._durations import check_clock, read_clock
 from ._errors import SharedStateTimeout, is_uninitialised, not_copyable, uninitialised
-from ._options import TOKEN_UNIT as UNIT, budget_units, class_signature
+from ._keywords import checks_keywords
+from ._options import TOKEN_UNIT as UNIT, budget_units
 
 __all__ = ["RetryBudget"]
 
@@ -87,6 +87,7 @@ def _accrued(elapsed_us: int, rate: int, capacity: int) -> int:
 
 
 @final
+@checks_keywords
 class RetryBudget:
     """A token bucket that limits retries to a share of successes plus a small steady reserve.
 
@@ -250,7 +251,3 @@ class RetryBudget:
             f"RetryBudget(ratio={self.ratio!r}, capacity={self.capacity!r}, "
             f"min_per_sec={self.min_per_sec!r}, tokens={float(tokens) / UNIT!r})"
         )
-
-
-# inspect.signature() and help() show the constructor's parameters, not __new__'s *args/**kwargs.
-RetryBudget.__signature__ = class_signature(inspect.signature(RetryBudget.__init__))  # type: ignore[attr-defined]

@@ -41,7 +41,7 @@ from typing import Any, Awaitable, Optional, TypeVar
 
 from . import _calls
 from ._deadline import Deadline, current_var
-from ._durations import check_clock, seconds_to_ns
+from ._durations import Seconds, check_clock, seconds_to_ns
 from ._errors import BulkheadFullError, DeadlineExceeded
 from ._settle_lock import SettleLock
 
@@ -102,6 +102,36 @@ def _name(name: object) -> Optional[str]:
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a str or None, got {name!r}")
     return name
+
+
+# The constructors' parameters, which inspect.signature() shows for the compiled classes (Cython
+# gives a class no signature); tests/test_signatures.py keeps them equal to the twins' __init__.
+def bulkhead_parameters(
+    max_concurrent: int,
+    *,
+    max_wait: Seconds = 0.0,
+    max_waiting: Optional[int] = None,
+    name: Optional[str] = None,
+    clock: Optional[Callable[[], int]] = None,
+) -> None:
+    """``Bulkhead``'s parameters (see above)."""
+
+
+def limiter_parameters(
+    initial_limit: float = 20,
+    *,
+    min_limit: float = 4,
+    max_limit: float = 400,
+    algorithm: str = "aimd",
+    rtt_threshold: Seconds = 0.25,
+    backoff: float = 0.9,
+    max_wait: Seconds = 0.0,
+    max_waiting: Optional[int] = None,
+    drop_on: type[BaseException] | tuple[type[BaseException], ...] = (TimeoutError,),
+    name: Optional[str] = None,
+    clock: Optional[Callable[[], int]] = None,
+) -> None:
+    """``AdaptiveLimiter``'s parameters (see above)."""
 
 
 def check_bulkhead(

@@ -14,11 +14,14 @@ from cpython.contextvars cimport get_value
 from libc.stdint cimport INT64_MIN, int64_t
 from libc.string cimport memcpy
 
+import inspect as _inspect
+
 from . import _bulkhead as _b
 from ._bulkhead import BulkheadMetrics
 from ._deadline import current_var as _deadline_var
 from ._durations import read_clock as _read_clock
 from ._errors import not_copyable as _not_copyable
+from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
 from ._limit_gradient import Gradient as _Gradient
 
 cdef extern from "_fb_atomic.h" nogil:
@@ -436,6 +439,14 @@ cdef class _Slots:
         return _b.decorate(self, fn)
 
 
+# inspect.signature() and help() (Cython gives a class no signature), and the keywords taken.
+_BULKHEAD_SIGNATURE = _inspect.signature(_b.bulkhead_parameters)
+_BULKHEAD_KEYWORDS = _keyword_names(_BULKHEAD_SIGNATURE)
+_REQUIRED = object()
+_LIMITER_SIGNATURE = _inspect.signature(_b.limiter_parameters)
+_LIMITER_KEYWORDS = _keyword_names(_LIMITER_SIGNATURE)
+
+
 @cython.final
 cdef class Bulkhead(_Slots):
     """At most ``max_concurrent`` calls at once; others wait up to ``max_wait`` seconds, in
@@ -443,7 +454,16 @@ cdef class Bulkhead(_Slots):
     ``BulkheadFullError``. ``clock`` (int ns, such as ``testing.FakeClock``) times ``.waited``.
     """
 
-    def __init__(self, max_concurrent, *, max_wait=0.0, max_waiting=None, name=None, clock=None):
+    __signature__ = _BULKHEAD_SIGNATURE
+
+    def __init__(self, max_concurrent=_REQUIRED, *, max_wait=0.0, max_waiting=None, name=None,
+                 clock=None, **unknown):
+        # A mistyped keyword names this class (Cython's own error would not), even when it is
+        # the required one: Bulkhead(max_concurent=4).
+        if unknown:
+            _check_keywords("Bulkhead", unknown, _BULKHEAD_KEYWORDS)
+        if max_concurrent is _REQUIRED:
+            raise TypeError("Bulkhead() missing 1 required positional argument: 'max_concurrent'")
         cap, wait_s, waiting, name = _b.check_bulkhead(
             max_concurrent, max_wait, max_waiting, name, clock
         )
@@ -523,9 +543,13 @@ cdef class AdaptiveLimiter(_Slots):
     ``DeadlineExceeded``.
     """
 
+    __signature__ = _LIMITER_SIGNATURE
+
     def __init__(self, initial_limit=20, *, min_limit=4, max_limit=400, algorithm="aimd",
                  rtt_threshold=0.25, backoff=0.9, max_wait=0.0, max_waiting=None,
-                 drop_on=(TimeoutError,), name=None, clock=None):
+                 drop_on=(TimeoutError,), name=None, clock=None, **unknown):
+        if unknown:  # a mistyped keyword names this class (Cython's own error would not)
+            _check_keywords("AdaptiveLimiter", unknown, _LIMITER_KEYWORDS)
         cfg = _b.check_limiter(
             initial_limit, min_limit, max_limit, algorithm, rtt_threshold, backoff, max_wait,
             max_waiting, drop_on, name, clock,

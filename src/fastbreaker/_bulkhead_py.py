@@ -24,7 +24,6 @@ process could wake a waiter.
 
 from __future__ import annotations
 
-import inspect
 import os
 import struct
 import threading
@@ -40,8 +39,8 @@ from ._bulkhead import BulkheadMetrics
 from ._deadline import current_var
 from ._durations import Seconds, read_clock
 from ._errors import SharedStateTimeout, is_uninitialised, not_copyable, uninitialised
+from ._keywords import checks_keywords
 from ._limit_gradient import Gradient
-from ._options import class_signature
 from ._process import owner_gone, owner_self
 
 __all__ = ["AdaptiveLimiter", "Bulkhead", "BulkheadMetrics"]
@@ -451,6 +450,7 @@ class _Slots:
 
 
 @final
+@checks_keywords
 class Bulkhead(_Slots):
     """At most ``max_concurrent`` calls at once; others wait up to ``max_wait`` seconds, in
     order of arrival, at most ``max_waiting`` of them (default ``max_concurrent``), or fail with
@@ -526,6 +526,7 @@ class Bulkhead(_Slots):
 
 
 @final
+@checks_keywords
 class AdaptiveLimiter(_Slots):
     """A bulkhead whose limit adapts to the observed round trips (AIMD or gradient).
 
@@ -673,8 +674,3 @@ class AdaptiveLimiter(_Slots):
             f"AdaptiveLimiter(limit={self._limit!r}, algorithm={alg!r}, name={self._name!r}, "
             f"in_flight={in_flight}, waiting={waiting})"
         )
-
-
-# inspect.signature() and help() show the constructors' parameters, not __new__'s *args/**kwargs.
-Bulkhead.__signature__ = class_signature(inspect.signature(Bulkhead.__init__))  # type: ignore[attr-defined]
-AdaptiveLimiter.__signature__ = class_signature(inspect.signature(AdaptiveLimiter.__init__))  # type: ignore[attr-defined]

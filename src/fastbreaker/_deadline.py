@@ -122,7 +122,11 @@ def deadline(seconds: Seconds | Deadline, *, clock: Clock | None = None) -> Dead
 
 
 class DeadlineScope:
-    """The context manager returned by ``deadline()``; use each one in one ``with`` at a time."""
+    """The context manager returned by ``deadline()``; use each one in one ``with`` at a time.
+
+    ``spec`` (seconds from entering the block, or a ``Deadline``) and ``clock`` are
+    ``deadline()``'s arguments, checked there.
+    """
 
     __slots__ = ("_spec", "_clock", "_token")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -36,8 +37,21 @@ class State(enum.IntEnum):
         return self.name if not spec else int.__format__(self, spec)
 
 
+def _made_of(**annotations: str) -> inspect.Signature:
+    """What ``inspect.signature`` shows for an exception class: its positional arguments (kept
+    in ``args``; BaseException takes no keywords). Without it inspect finds none."""
+    P = inspect.Parameter
+    return inspect.Signature(
+        [P(n, P.POSITIONAL_ONLY, annotation=a) for n, a in annotations.items()]
+    )
+
+
 class BreakerError(Exception):
     """Base class of every error fastbreaker raises itself."""
+
+    __signature__ = inspect.Signature(
+        [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL, annotation="object")]
+    )
 
 
 class SharedStateTimeout(BreakerError, TimeoutError):
@@ -59,6 +73,7 @@ class CircuitOpenError(BreakerError):
     # Rejection is a hot path: no Python-level __init__ (the arguments are kept in ``args`` by
     # BaseException in C) and the message is built only when shown.
     args: tuple[str | None, State, float]
+    __signature__ = _made_of(name="str | None", state="State", retry_after="float")
 
     if TYPE_CHECKING:
 
@@ -109,6 +124,7 @@ class BulkheadFullError(BreakerError):
 
     # As CircuitOpenError: no Python-level __init__, the arguments live in ``args``.
     args: tuple[str | None, int, float]
+    __signature__ = _made_of(name="str | None", max_concurrent="int", waited="float")
 
     if TYPE_CHECKING:
 
@@ -152,6 +168,7 @@ class LoadShedError(BreakerError):
     REASONS = ("queue_full", "too_old", "priority", "deadline")
 
     args: tuple[str | None, str, float]
+    __signature__ = _made_of(name="str | None", reason="str", retry_after="float")
 
     if TYPE_CHECKING:
 
@@ -190,6 +207,7 @@ class RateLimitedError(BreakerError):
     """
 
     args: tuple[str | None, float, int]
+    __signature__ = _made_of(name="str | None", retry_after="float", weight="int")
 
     if TYPE_CHECKING:
 

@@ -26,11 +26,22 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Hashable
 from time import monotonic_ns
-from typing import Any, NamedTuple, Optional, ParamSpec, Protocol, TypeVar, Union, cast
+from typing import (
+    Any,
+    NamedTuple,
+    Optional,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    Union,
+    cast,
+    runtime_checkable,
+)
 
 from . import _calls
 from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
 from ._errors import BulkheadFullError, CircuitOpenError, LoadShedError, exception_matcher
+from ._keywords import checks_keywords
 
 __all__ = ["Degraded", "FallbackMetrics", "fallback", "stale_on_error"]
 
@@ -72,10 +83,13 @@ class FallbackMetrics(NamedTuple):
     fallback_active_seconds: float
 
 
+@runtime_checkable
 class Degraded(Protocol[P, T_co]):
     """What ``fallback`` and ``stale_on_error`` return: the function, plus ``metrics()``."""
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T_co: ...
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T_co:
+        """Call the function with ``args`` and ``kwargs``: its result, or a degraded answer."""
+        ...
 
     def metrics(self) -> FallbackMetrics:
         """The wrapper's counters (see ``FallbackMetrics``)."""
@@ -155,6 +169,7 @@ def _attach(wrapper: Callable[..., Any], stats: _Stats) -> Any:
     return wrapper
 
 
+@checks_keywords
 def fallback(
     handler: Callable[..., Any],
     *,
@@ -305,6 +320,7 @@ def _default_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     return (*args, _KWARGS, *sorted(kwargs.items()))
 
 
+@checks_keywords
 def stale_on_error(
     ttl: Seconds,
     *,

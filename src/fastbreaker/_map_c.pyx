@@ -31,6 +31,7 @@ cdef extern from "_fb_atomic.h" nogil:
 
 from . import _breaker_c
 from . import _map_steps as _steps
+from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
 from ._options import class_signature
 from ._region_map import TAGS_AT as _TAGS_AT
 
@@ -112,6 +113,10 @@ cdef inline object lookup(BreakerMap m, object key):
     return lookup_rest(m, key, p)
 
 
+_SIGNATURE = class_signature(_steps.map_signature())
+_KEYWORDS = _keyword_names(_SIGNATURE)
+
+
 @cython.final
 cdef class BreakerMap:
     """One circuit breaker per key (a host, or a ``(host, operation)`` tuple), bounded, no threads.
@@ -123,7 +128,7 @@ cdef class BreakerMap:
     """
 
     # help() and inspect.signature(): built from BreakerOptions's, where the options are written.
-    __signature__ = class_signature(_steps.map_signature())
+    __signature__ = _SIGNATURE
 
     cdef readonly dict _d
     cdef public object _options, _group, _config, _detached, _hook, _lock
@@ -139,6 +144,8 @@ cdef class BreakerMap:
         self._d = fb_map_new_dict()
 
     def __init__(self, *args, **kwargs):
+        if kwargs and not _KEYWORDS.issuperset(kwargs):  # name this class, not BreakerOptions
+            _check_keywords("BreakerMap", kwargs, _KEYWORDS)
         _steps._init(self, *args, **kwargs)
 
     def _set_tags(self, view):

@@ -24,6 +24,7 @@ from typing import (
 from . import _breaker_py
 from ._breaker_py import CircuitBreaker, Config, Group, _listener_lock
 from ._errors import uninitialised
+from ._keywords import checks_keywords
 from ._map_steps import (
     CB,
     CLOSED,
@@ -50,6 +51,7 @@ T = TypeVar("T")
 
 
 @final
+@checks_keywords
 class BreakerMap:
     """One circuit breaker per key (a host, or a ``(host, operation)`` tuple), bounded, no threads.
 

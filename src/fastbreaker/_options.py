@@ -456,6 +456,17 @@ def _token_units(value: object, name: str, lo: int, hi: int) -> int:
     return round(value * TOKEN_UNIT)
 
 
+def budget_parameters(
+    ratio: float = 0.1,
+    capacity: float = 100.0,
+    min_per_sec: float = 1.0,
+    *,
+    clock: Callable[[], int] | None = None,
+) -> None:
+    """``RetryBudget``'s parameters, which ``inspect.signature`` shows for the compiled class
+    (Cython gives a class none); ``tests/test_signatures.py`` keeps them equal to the twin's."""
+
+
 def budget_units(ratio: object, capacity: object, min_per_sec: object) -> tuple[int, int, int]:
     """Validate a RetryBudget's options; return ``(deposit, capacity, rate)`` in token units
     (rate: units per second). Both budget cores use it, so they round the options identically."""

@@ -76,7 +76,10 @@ def priority(level: Priority | int | str) -> PriorityScope:
 
 
 class PriorityScope:
-    """The context manager returned by ``priority()``; use each one in one ``with`` at a time."""
+    """The context manager returned by ``priority()``; use each one in one ``with`` at a time.
+
+    ``level`` is the ``Priority`` the block sets (``priority()`` parses it).
+    """
 
     __slots__ = ("_level", "_token")
 

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple, TypeVar, Union
 from ._deadline import current_deadline
 from ._durations import seconds_to_ns
 from ._errors import RateLimitedError
+from ._keywords import checks_keywords
 
 __all__ = [
     "MAX_RATES",
@@ -80,6 +81,7 @@ def _positive(value: object, name: str) -> Fraction:
     return Fraction(value)
 
 
+@checks_keywords
 class Rate:
     """``limit`` units per ``per`` seconds (a float or ``timedelta``), with at most ``burst``
     units (default ``limit``) admitted at once from idle. The emission interval is
@@ -168,6 +170,23 @@ _RATE_RE = re.compile(
 )
 
 RateSpec = Union[Rate, str]
+
+
+# The constructors' parameters, which inspect.signature() shows for the compiled classes (Cython
+# gives a class no signature); tests/test_signatures.py keeps them equal to the twins' __init__.
+def limiter_parameters(
+    *rates: RateSpec, name: str | None = None, clock: Callable[[], int] | None = None
+) -> None:
+    """``RateLimiter``'s parameters (see above)."""
+
+
+def map_parameters(
+    *rates: RateSpec,
+    max_keys: int = 10_000,
+    name: str | None = None,
+    clock: Callable[[], int] | None = None,
+) -> None:
+    """``RateLimiterMap``'s parameters (see above)."""
 
 
 def rates_config(rates: tuple[RateSpec, ...]) -> tuple[tuple[Rate, ...], list[int], list[int]]:

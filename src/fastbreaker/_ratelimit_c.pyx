@@ -13,9 +13,12 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t
 
+import inspect as _inspect
+
 from . import _ratelimit as _rl
 from ._durations import check_clock as _check_clock, read_clock as _read
 from ._errors import not_copyable as _not_copyable
+from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
 from ._ratelimit import RateLimiterMapMetrics as _MapMetrics, RateLimiterMetrics as _Metrics
 
 cdef extern from "_fb_atomic.h" nogil:
@@ -145,6 +148,13 @@ cdef inline int64_t _weight(object weight, fb_rate_cfg_t *c, object owner) excep
     raise _rl.bad_weight(owner, weight)
 
 
+# inspect.signature() and help() (Cython gives a class no signature), and the keywords taken.
+_LIMITER_SIGNATURE = _inspect.signature(_rl.limiter_parameters)
+_LIMITER_KEYWORDS = _keyword_names(_LIMITER_SIGNATURE)
+_MAP_SIGNATURE = _inspect.signature(_rl.map_parameters)
+_MAP_KEYWORDS = _keyword_names(_MAP_SIGNATURE)
+
+
 @cython.final
 cdef class RateLimiter:
     """A GCRA rate limiter over one or more ``rates`` (``Rate`` objects or strings such as
@@ -152,7 +162,11 @@ cdef class RateLimiter:
     errors; ``clock`` (a zero-argument callable returning int ns, such as
     ``fastbreaker.testing.FakeClock``) replaces the monotonic clock."""
 
-    def __init__(self, *rates, name=None, clock=None):
+    __signature__ = _LIMITER_SIGNATURE
+
+    def __init__(self, *rates, name=None, clock=None, **unknown):
+        if unknown:  # a mistyped keyword names this class (Cython's own error would not)
+            _check_keywords("RateLimiter", unknown, _LIMITER_KEYWORDS)
         if self._ready:
             raise RuntimeError("RateLimiter.__init__ called twice: create a new limiter")
         self._rates = _setup(&self.cfg, rates, name, clock)
@@ -334,10 +348,14 @@ cdef class RateLimiterMap:
     cdef bint _ready
     cdef object __weakref__
 
+    __signature__ = _MAP_SIGNATURE
+
     def __cinit__(self, *args, **kwargs):
         self._d = {}
 
-    def __init__(self, *rates, max_keys=10_000, name=None, clock=None):
+    def __init__(self, *rates, max_keys=10_000, name=None, clock=None, **unknown):
+        if unknown:  # a mistyped keyword names this class (Cython's own error would not)
+            _check_keywords("RateLimiterMap", unknown, _MAP_KEYWORDS)
         if self._ready:
             raise RuntimeError("RateLimiterMap.__init__ called twice: create a new map")
         self._rates = _setup(&self.cfg, rates, name, clock)

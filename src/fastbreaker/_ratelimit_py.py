@@ -19,6 +19,7 @@ from typing import Any, TypeVar, final
 from . import _ratelimit as _rl
 from ._durations import check_clock, read_clock
 from ._errors import not_copyable
+from ._keywords import checks_keywords
 from ._ratelimit import Rate, RateLimiterMapMetrics, RateLimiterMetrics, RateSpec
 
 __all__ = ["RateLimiter", "RateLimiterMap", "shared_init", "shared_size"]
@@ -98,6 +99,7 @@ class _Config:
 
 
 @final
+@checks_keywords
 class RateLimiter:
     """A GCRA rate limiter over one or more ``rates`` (``Rate`` objects or strings such as
     ``"10/s"``), all of which must admit a request (all or nothing). ``name`` labels it in
@@ -250,6 +252,7 @@ class RateLimiter:
 
 
 @final
+@checks_keywords
 class RateLimiterMap:
     """One GCRA limiter per key over the same ``rates``, at most ``max_keys`` of them: a full
     map evicts idle keys (every rate's TAT in the past: nothing is lost) first, then the least

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any, Optional, cast
 
+from ._keywords import checks_keywords
 from ._process import lock_holder, stopped
 
 if TYPE_CHECKING:
@@ -568,6 +569,7 @@ def _size_empty(fd: int, name: str, size: int, create: bool) -> None:
             os.close(lock_fd)
 
 
+@checks_keywords
 class SharedRegion:
     """A named shared-memory segment holding breakers, retry budgets and bulkheads that every
     process of the host can share.

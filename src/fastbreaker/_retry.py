@@ -44,6 +44,7 @@ from ._errors import (
     LoadShedError,
     exception_matcher,
 )
+from ._keywords import check_keywords, checks_keywords, keyword_names
 from ._select import COMPILED
 
 __all__ = ["Attempt", "retry", "retrying"]
@@ -223,6 +224,7 @@ def expired(attempt: int, last: BaseException | None) -> DeadlineExceeded:
     return err
 
 
+@checks_keywords
 def retry(
     *,
     on: On,
@@ -273,10 +275,12 @@ def retry_on_core(core: str) -> Callable[..., Callable[[Callable[P, T]], Callabl
         raise ValueError(f"core must be 'c' or 'python', got {core!r}")
 
     signature = inspect.signature(retry)
+    accepted = keyword_names(signature)
 
     @functools.wraps(retry)
     def retry_on(*args: Any, **options: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
-        bound = signature.bind(*args, **options)  # retry's own TypeErrors: unknown, missing
+        check_keywords("retry", options, accepted)
+        bound = signature.bind(*args, **options)  # retry's own TypeErrors: missing ones
         bound.apply_defaults()
         return _decorator(Policy(**bound.arguments), core)
 
@@ -397,7 +401,8 @@ class Attempt:
     Leaving the block with a retryable error swallows it when another attempt will follow (the
     loop then sleeps and yields that attempt); otherwise the error propagates from the block:
     unchanged when attempts or the budget are used up, or as ``DeadlineExceeded`` chained from
-    it when the deadline refuses. ``number`` is 1-based.
+    it when the deadline refuses. ``number`` is 1-based; ``run`` is the loop that made it (the
+    loop makes attempts; code does not).
     """
 
     __slots__ = ("number", "_run", "_token")
@@ -514,6 +519,7 @@ class Retrying:
     """What ``retrying()`` returns: iterate it with ``for`` (sync) or ``async for`` (async).
 
     Each loop over it is a separate operation with its own attempt count and deadline.
+    ``policy`` holds ``retrying()``'s validated options (``retrying()`` makes it).
     """
 
     __slots__ = ("_policy",)
@@ -528,6 +534,7 @@ class Retrying:
         return _AsyncRun(self._policy)
 
 
+@checks_keywords
 def retrying(
     *,
     on: On,

@@ -112,6 +112,7 @@ from . import _bulkhead as _b, _bulkhead_py, _calls
 from ._deadline import Deadline, current_var as _deadline_var
 from ._durations import Seconds, check_clock, read_clock, seconds_to_ns
 from ._errors import LoadShedError
+from ._keywords import checks_keywords
 from ._priority import current_var as _priority_var
 from ._select import COMPILED
 from ._settle_lock import SettleLock
@@ -224,6 +225,7 @@ def _check_limit(limit: object) -> Any:
     )
 
 
+@checks_keywords
 class LoadShedder(ShedderCore):
     """Admit requests to a concurrency limit, queue a bounded number, and shed the rest early.
 

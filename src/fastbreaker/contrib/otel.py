@@ -93,8 +93,8 @@ every object given to the ``instrument()`` call (as one Prometheus scrape does),
 instruments' callbacks of that collection read the same snapshot, so the values exported
 together agree with each other. A callback called again takes a new snapshot.
 
-The callbacks hold strong references to the objects, for as long as the meter lives
-(OpenTelemetry cannot unregister an instrument): instrument long-lived objects. Give each kind
+The callbacks hold weak references to the objects: one that is dropped is no longer exported
+(OpenTelemetry cannot unregister an instrument, but its series stop). Give each kind
 of object to one ``instrument()`` call per meter: the SDK answers a second registration of a
 name with the instrument already registered, without the new callback, so such a call raises
 ``ValueError`` instead of silently exporting nothing (pass everything to one call, or use a meter
@@ -231,8 +231,24 @@ class _Snapshot:
         self.fallbacks = fallbacks
 
 
+_Labelled = list[tuple[str, "weakref.ref[Any]"]]
+
+
+def _weakly(objects: list[tuple[str, Any]]) -> _Labelled:
+    return [(label, weakref.ref(obj)) for label, obj in objects]
+
+
+def _live(held: _Labelled) -> list[tuple[str, Any]]:
+    """The objects of ``held`` still alive; the entries of the dropped ones are deleted."""
+    pairs = [(label, ref()) for label, ref in held]
+    if any(obj is None for _, obj in pairs):
+        held[:] = [(label, ref) for label, ref in held if ref() is not None]
+    return [(label, obj) for label, obj in pairs if obj is not None]
+
+
 class _Reader:
-    """The objects of one ``instrument()`` call, and the snapshot their callbacks share."""
+    """The objects of one ``instrument()`` call (weakly), and the snapshot their callbacks
+    share."""
 
     def __init__(
         self,
@@ -244,12 +260,12 @@ class _Reader:
         fallbacks: list[tuple[str, Any]],
         max_key_series: int,
     ) -> None:
-        self._breakers = breakers
-        self._maps = maps
-        self._budgets = budgets
-        self._bulkheads = bulkheads
-        self._shedders = shedders
-        self._fallbacks = fallbacks
+        self._breakers = _weakly(breakers)
+        self._maps = _weakly(maps)
+        self._budgets = _weakly(budgets)
+        self._bulkheads = _weakly(bulkheads)
+        self._shedders = _weakly(shedders)
+        self._fallbacks = _weakly(fallbacks)
         self._max_key_series = max_key_series
         self._lock = threading.Lock()
         self._snapshot: Optional[_Snapshot] = None
@@ -271,13 +287,14 @@ class _Reader:
             return s
 
     def _take(self) -> _Snapshot:
+        # under self._lock: _live prunes the lists
         return _Snapshot(
-            [(name, b.metrics()) for name, b in self._breakers],
-            [self._map_view(label, m) for label, m in self._maps],
-            [(name, float(b.tokens), float(b.capacity)) for name, b in self._budgets],
-            [_BulkheadView(name, b.metrics(), _limit(b)) for name, b in self._bulkheads],
-            [(name, s.metrics()) for name, s in self._shedders],
-            [(label, fn.metrics()) for label, fn in self._fallbacks],
+            [(name, b.metrics()) for name, b in _live(self._breakers)],
+            [self._map_view(label, m) for label, m in _live(self._maps)],
+            [(name, float(b.tokens), float(b.capacity)) for name, b in _live(self._budgets)],
+            [_BulkheadView(name, b.metrics(), _limit(b)) for name, b in _live(self._bulkheads)],
+            [(name, s.metrics()) for name, s in _live(self._shedders)],
+            [(label, fn.metrics()) for label, fn in _live(self._fallbacks)],
         )
 
     def _map_view(self, label: str, breakers: BreakerMap) -> _MapView:

@@ -61,9 +61,9 @@ normal state of almost every key, never get a series of their own; a key's serie
 when it closes. A ``BreakerMap`` whose ``max_open_ratio`` is below 1 bounds the number of OPEN
 keys as well.
 
-The collector holds strong references (the compiled breakers and budgets are too small to
-support weak references): call ``remove(obj)`` when an object is retired. Register one collector
-per registry and add everything to it: two collectors would export the same metric names.
+The collector holds weak references: an object that is dropped stops being exported (its name
+may be used again), without ``remove(obj)``. Register one collector per registry and add
+everything to it: two collectors would export the same metric names.
 
 This module imports prometheus_client; ``import fastbreaker`` does not import this module.
 """
@@ -71,6 +71,7 @@ This module imports prometheus_client; ``import fastbreaker`` does not import th
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, TypeVar, Union
 
@@ -94,6 +95,7 @@ __all__ = ["BreakerCollector"]
 
 T = TypeVar("T")
 _Family = Union[GaugeMetricFamily, CounterMetricFamily]
+Held = weakref.WeakValueDictionary[str, Any]
 
 PREFIX = "fastbreaker"
 
@@ -150,11 +152,12 @@ class BreakerCollector:
             raise ValueError(f"max_key_series must be >= 0, got {max_key_series!r}")
         self._max_key_series = max_key_series
         self._lock = threading.Lock()
-        self._breakers: dict[str, Any] = {}
-        self._maps: dict[str, Any] = {}
-        self._budgets: dict[str, Any] = {}
-        self._shedders: dict[str, Any] = {}
-        self._fallbacks: dict[str, Any] = {}
+        # name -> object, weakly: an entry goes when its object does
+        self._breakers: Held = weakref.WeakValueDictionary()
+        self._maps: Held = weakref.WeakValueDictionary()
+        self._budgets: Held = weakref.WeakValueDictionary()
+        self._shedders: Held = weakref.WeakValueDictionary()
+        self._fallbacks: Held = weakref.WeakValueDictionary()
         if isinstance(breakers, Mapping):
             for name, breaker in breakers.items():
                 self.add_breaker(breaker, name)
@@ -224,7 +227,7 @@ class BreakerCollector:
         return fn
 
     def remove(self, obj: object) -> None:
-        """Stop exporting ``obj`` (an object added before) and drop the reference."""
+        """Stop exporting ``obj`` (an object added before), before it is dropped."""
         with self._lock:
             for held in (
                 self._breakers,
@@ -239,12 +242,13 @@ class BreakerCollector:
                         return
         raise ValueError(f"{obj!r} is not exported by this collector")
 
-    def _add(self, held: dict[str, Any], name: str, obj: object) -> None:
+    def _add(self, held: Held, name: str, obj: object) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
         with self._lock:
-            if name in held and held[name] is not obj:
-                raise ValueError(f"name {name!r} is already used by {held[name]!r}")
+            used = held.get(name)
+            if used is not None and used is not obj:
+                raise ValueError(f"name {name!r} is already used by {used!r}")
             held[name] = obj
 
     # -- the prometheus_client collector protocol ----------------------------------------------
