@@ -25,6 +25,7 @@ from fractions import Fraction
 from . import _calls
 import contextvars as _contextvars
 import os as _os
+import sys as _sys
 import inspect as _inspect
 from ._options import BreakerOptions, class_signature
 from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
@@ -1073,7 +1074,10 @@ fb_ready_init()
 # its own call (``executing``: while fn or its awaitable runs) it raises ValueError("coroutine
 # already executing") and changes nothing; once finished or closed, send and throw raise
 # RuntimeError("cannot reuse already awaited coroutine"); StopIteration thrown in before the
-# start becomes RuntimeError (PEP 479), as a coroutine's frame converts it.
+# start becomes RuntimeError (PEP 479) where a coroutine's frame converts it (before 3.12; from
+# 3.12 on, a throw into an unstarted coroutine raises without running its frame, unconverted).
+cdef bint _UNSTARTED_THROW_RUNS_FRAME = _sys.version_info < (3, 12)
+
 cdef extern from "Python.h":
     int PyIter_Send(PyObject *iter, PyObject *arg, PyObject **presult)
     bint PyCoro_CheckExact(object o)
@@ -1240,7 +1244,9 @@ cdef object gc_throw(GuardedCall g, typ, val, tb, int *returned):
         try:
             return _calls.throw_into(None, typ, val, tb)
         except StopIteration as stop:
-            raise RuntimeError("coroutine raised StopIteration") from stop
+            if _UNSTARTED_THROW_RUNS_FRAME:
+                raise RuntimeError("coroutine raised StopIteration") from stop
+            raise
     inner = g.inner
     g.executing = 1
     try:
