@@ -14,6 +14,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t
 
 from . import _ratelimit as _rl
+from ._region_map import TAGS_AT as _TAGS_AT
 from ._durations import check_clock as _check_clock, read_clock as _read
 from ._errors import not_copyable as _not_copyable
 from ._ratelimit import RateLimiterMapMetrics as _MapMetrics, RateLimiterMetrics as _Metrics
@@ -21,11 +22,14 @@ from ._ratelimit import RateLimiterMapMetrics as _MapMetrics, RateLimiterMetrics
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
     int64_t fb_load_rlx(int64_t *p)
+    void fb_store_rel(int64_t *p, int64_t v)
+    void fb_store_rlx(int64_t *p, int64_t v)
     int64_t fb_add(int64_t *p, int64_t v)
     int fb_cas(int64_t *p, int64_t *expected, int64_t desired)
     int64_t fb_monotonic_ns()
 
 assert FB_RATE_MAX == _rl.MAX_RATES
+cdef Py_ssize_t TAGS_AT = _TAGS_AT
 
 
 cdef int _charge(fb_rate_t *r, int64_t w, int64_t now) noexcept nogil:
@@ -289,13 +293,19 @@ cdef class RateLimiter:
 
 @cython.final
 cdef class _Key:
-    """One key's words in a compiled RateLimiterMap (no Python fields: not tracked by the GC)."""
+    """One key's words in a compiled RateLimiterMap (no Python fields: not tracked by the GC).
+    A shared map's key points at its slot's words in the region, and remembers the slot's tag."""
     cdef fb_rate_t r
     cdef int64_t last
+    cdef int64_t *lastp          # &last, or the slot's last-used word
+    cdef int64_t *tagp           # NULL, or the slot's tag word (shared map)
+    cdef int64_t tag
+    cdef readonly Py_ssize_t slot
+    cdef bint owns_words
     cdef int64_t inline_words[2]
 
     def __dealloc__(self):
-        if self.r.tat != NULL and self.r.tat != &self.inline_words[0]:
+        if self.owns_words:
             PyMem_Free(self.r.tat)
 
 
@@ -304,14 +314,30 @@ cdef _Key _new_key(RateLimiterMap m):
     cdef int i
     k.r.cfg = &m.cfg
     k.r.cnt = &m.counts[0]
+    k.lastp = &k.last
     if m.cfg.n <= 2:
         k.r.tat = &k.inline_words[0]
     else:
         k.r.tat = <int64_t *>PyMem_Malloc(m.cfg.n * sizeof(int64_t))
         if k.r.tat == NULL:
             raise MemoryError()
+        k.owns_words = True
     for i in range(m.cfg.n):
         k.r.tat[i] = 0
+    return k
+
+
+cdef _Key _slot_key(RateLimiterMap m, Py_ssize_t slot, int64_t tag):
+    # A shared map's key: its words are its slot's block (last-used, then the TATs).
+    cdef _Key k = _Key.__new__(_Key)
+    cdef int64_t *block = <int64_t *>(m.base + m.blocks_at + slot * m.block)
+    k.r.cfg = &m.cfg
+    k.r.cnt = &m.counts[0]
+    k.lastp = block
+    k.r.tat = block + 1
+    k.tagp = <int64_t *>(m.base + TAGS_AT) + slot
+    k.tag = tag
+    k.slot = slot
     return k
 
 
@@ -333,6 +359,10 @@ cdef class RateLimiterMap:
     cdef public object _queues
     cdef bint _ready
     cdef object __weakref__
+    cdef public object _shared       # a shared map's SharedKeys (_region_ratelimit), else None
+    cdef object _view                # its table's block in the region (keeps it mapped)
+    cdef char *base
+    cdef Py_ssize_t blocks_at, block
 
     def __cinit__(self, *args, **kwargs):
         self._d = {}
@@ -347,6 +377,17 @@ cdef class RateLimiterMap:
         self._lock = _rl.new_lock()
         self._queues = {}
         self._ready = True
+
+    def _attach(self, keys):
+        """A map in a SharedRegion: its keys and their words live in ``keys``' table."""
+        cdef unsigned char[::1] mv = keys.table.view
+        _check(self._ready)
+        self._view = keys.table.view
+        self.base = <char *>&mv[0]
+        self.blocks_at = keys.table.blocks_at
+        self.block = keys.table.block
+        self._shared = keys
+        self._d = {}
 
     def __copy__(self):
         raise _not_copyable(self)
@@ -390,13 +431,33 @@ cdef class RateLimiterMap:
         # The rare path: under the map's lock, so a key never gets two entries and the map never
         # holds more than max_keys.
         _check(self._ready)
+        cdef _Key k
         with self._lock:
             k = self._d.get(key)
+            if self._shared is not None:
+                if k is None or fb_load_acq(k.tagp) != k.tag:
+                    slot, tag = self._shared.bind(key, now)
+                    k = _slot_key(self, slot, tag)
+                    self._shared.remember(self._d, key, k)
+                return k
             if k is None:
                 if len(self._d) >= self._max_keys:
                     _rl.evict(self, now)
                 k = _new_key(self)
                 self._d[key] = k
+            return k
+
+    cdef _Key _existing(self, key):
+        # The key's entry, or None; a shared map's key is looked up in its table (no insertion).
+        cdef _Key k = self._d.get(key)
+        if self._shared is None or (k is not None and fb_load_acq(k.tagp) == k.tag):
+            return k
+        with self._lock:
+            found = self._shared.find(key)
+            if found is None:
+                return None
+            k = _slot_key(self, found[0], found[1])
+            self._shared.remember(self._d, key, k)
             return k
 
     @cython.binding(False)
@@ -410,12 +471,14 @@ cdef class RateLimiterMap:
             k = self._create(key, now)
         else:
             k = <_Key>found  # the dict holds only _Key values
-        k.last = now
+            if k.tagp != NULL and fb_load_acq(k.tagp) != k.tag:
+                k = self._create(key, now)  # its slot was given to another key: bind again
+        fb_store_rlx(k.lastp, now)
         return fb_rate_try_acquire(&k.r, w, now) == 1
 
     def _retry_after_ns(self, key, weight=1):
         cdef int64_t w = _weight(weight, &self.cfg, self)
-        cdef _Key k = self._d.get(key)
+        cdef _Key k = self._existing(key)
         if k is None:
             return 0
         return fb_rate_retry_after_ns(&k.r, w, _clock_ns(self._clock))
@@ -427,7 +490,7 @@ cdef class RateLimiterMap:
     def refund(self, key, weight):
         """Give ``weight`` units back to ``key``'s rates (no-op for an unknown key)."""
         cdef int64_t w = _weight(weight, &self.cfg, self)
-        cdef _Key k = self._d.get(key)
+        cdef _Key k = self._existing(key)
         if k is not None:
             _refund(&k.r, w, _clock_ns(self._clock))
 
@@ -456,22 +519,26 @@ cdef class RateLimiterMap:
         return _rl.call_async(self, key, fn, args, kwargs)
 
     def __len__(self):
-        return len(self._d)
+        return len(self._d) if self._shared is None else len(self._shared)
 
     def __contains__(self, key):
-        return key in self._d
+        return key in self._d if self._shared is None else self._shared.contains(key)
 
     def metrics(self):
         """Keys held now, keys evicted, and requests admitted and rejected so far."""
         _check(self._ready)
-        return _MapMetrics(len(self._d), self._evicted, fb_load_acq(&self.counts[0]),
+        if self._shared is not None:
+            keys, evicted = len(self._shared), self._shared.evicted
+        else:
+            keys, evicted = len(self._d), self._evicted
+        return _MapMetrics(keys, evicted, fb_load_acq(&self.counts[0]),
                            fb_load_acq(&self.counts[1]))
 
     def __repr__(self):
         if not self._ready:
             return "<RateLimiterMap (not initialised)>"
         rates = ", ".join([repr(r) for r in self._rates])
-        return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self._d)})"
+        return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self)})"
 
 
 def shared_size(n):
@@ -481,6 +548,28 @@ def shared_size(n):
 
 def shared_init(view, n):
     """A new shared limiter: every TAT 0 (fresh). The region's memory is zeroed already."""
+
+
+def map_block_size(n):
+    """The bytes of one key of a shared RateLimiterMap of ``n`` rates: its last-used time and
+    TAT words."""
+    return (n + 1) * sizeof(int64_t)
+
+
+def map_slot_read(view, n):
+    """A shared map key's last-used time, then its TATs (each word read atomically)."""
+    cdef int64_t[::1] words = view.cast("q")
+    cdef Py_ssize_t i, count = n + 1
+    return tuple([fb_load_acq(&words[i]) for i in range(count)])
+
+
+def map_slot_reset(view, n, now):
+    """A fresh key (every TAT 0), last used at ``now``."""
+    cdef int64_t[::1] words = view.cast("q")
+    cdef int i
+    fb_store_rel(&words[0], now)
+    for i in range(1, n + 1):
+        fb_store_rel(&words[i], 0)
 
 
 cdef fb_rate_t *fb_rate_handle(object limiter) except NULL:
