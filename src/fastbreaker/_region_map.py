@@ -44,7 +44,15 @@ from typing import Any, Optional
 
 from ._map_steps import _COUNTERS
 
-__all__ = ["KEY_MAX", "SLOT_SIZE", "TAGS_AT", "SharedTable", "encode_key", "map_size"]
+__all__ = [
+    "KEY_MAX",
+    "SLOT_SIZE",
+    "TAGS_AT",
+    "SharedTable",
+    "encode_key",
+    "key_hash",
+    "map_size",
+]
 
 SLOT_SIZE = 256
 KEY_MAX = SLOT_SIZE - 16 - 1
@@ -81,6 +89,9 @@ def decode_key(raw: bytes) -> Any:
 def _hash(raw: bytes) -> int:
     h = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
     return h | 1  # never 0: 0 marks an empty slot
+
+
+key_hash = _hash
 
 
 def _slots_at(capacity: int) -> int:

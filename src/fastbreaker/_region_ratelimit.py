@@ -26,7 +26,15 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 from ._region import KIND_RATE, KIND_RATE_MAP
-from ._region_map import MAX_CAPACITY, SLOT_SIZE, SharedTable, encode_key, map_size
+from ._region_map import (
+    MAX_CAPACITY,
+    SLOT_SIZE,
+    TAGS_AT,
+    SharedTable,
+    encode_key,
+    key_hash,
+    map_size,
+)
 
 if TYPE_CHECKING:
     from ._ratelimit import RateSpec
@@ -35,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SharedKeys", "rate_limiter", "rate_limiter_map"]
 
-_ZERO = bytes(8)
+_STRIDE = SLOT_SIZE // 8
 
 
 def _core(region: SharedRegion) -> Any:
@@ -100,6 +108,7 @@ class SharedKeys:
         self._n = n
         self._locked = locked  # the twin: a slot's words change under its record lock
         self._holders: list[Any] = [None] * table.capacity
+        self._q = table.view.cast("q")  # the table as words, for reads in bulk
 
     @property
     def capacity(self) -> int:
@@ -131,15 +140,59 @@ class SharedKeys:
         d[key] = entry
 
     # -- finding and inserting keys ---------------------------------------------------------------
+    def _scan(self, raw: bytes) -> tuple[Optional[tuple[int, int]], list[int], Optional[int]]:
+        """One pass over ``raw``'s probe path, its tags and hashes read in bulk (a miss in a full
+        table walks every slot: list searches in C, not a Python loop per slot): the key's
+        ``(slot, tag)`` if found whole, the slots on the path with an odd tag (being rewritten,
+        or left so by a writer that died; a slot whose tag moved while it was read counts too),
+        and the first slot on the path that holds no key."""
+        t = self.table
+        cap = t.capacity
+        h = key_hash(raw)
+        home = h % cap
+        q = self._q
+        tags = q[TAGS_AT // 8 : TAGS_AT // 8 + cap].tolist()
+        s0 = t.slots_at // 8
+        hashes = q[s0 : s0 + cap * _STRIDE : _STRIDE].tolist()
+        tags = tags[home:] + tags[:home]
+        hashes = hashes[home:] + hashes[:home]
+        end = tags.index(0) + 1 if 0 in tags else cap  # the path stops at a never-assigned slot
+        found = None
+        odd = [(home + i) % cap for i in range(end) if tags[i] & 1]
+        i = -1
+        while found is None:
+            try:
+                i = hashes.index(h, i + 1, end)
+            except ValueError:
+                break
+            slot, tag = (home + i) % cap, tags[i]
+            if tag & 1:
+                continue
+            if t.whole_key(slot) == raw:
+                if t.tag(slot) == tag:
+                    found = (slot, tag)
+                else:
+                    odd.append(slot)
+        free, i = None, -1
+        while True:
+            try:
+                i = hashes.index(0, i + 1, end)
+            except ValueError:
+                break
+            if not tags[i] & 1:
+                free = (home + i) % cap
+                break
+        return found, odd, free
+
     def find(self, key: Any) -> Optional[tuple[int, int]]:
         """``(slot, tag)`` of ``key``, or None (no insertion). A path that crosses a slot being
         rewritten is looked at again under the table's lock, after repairs."""
         raw = encode_key(key, "RateLimiterMap")
-        found, odd = self.table.lookup(raw)
-        if odd:
+        found, odd, _ = self._scan(raw)
+        if found is None and odd:
             with self.table.lock:
-                self._repair(raw)
-                found = self.table.find(raw)
+                self._repair(raw, odd)
+                found = self._scan(raw)[0]
         return found
 
     def contains(self, key: object) -> bool:
@@ -151,19 +204,21 @@ class SharedKeys:
     def bind(self, key: Any, now: int) -> tuple[int, int]:
         """``(slot, tag)`` of ``key``, inserted if absent (evicting a key if the table is full)."""
         raw = encode_key(key, "RateLimiterMap")
-        found, odd = self.table.lookup(raw)
-        if found is not None and not odd:
+        found = self._scan(raw)[0]
+        if found is not None:
             return found
         with self.table.lock:
-            self._repair(raw)
-            found = self.table.find(raw)
+            found, odd, free = self._scan(raw)
+            if odd:
+                self._repair(raw, odd)
+                found, _, free = self._scan(raw)
             if found is None:
-                found = self._insert(raw, now)
+                found = self._insert(raw, now, free)
         return found
 
-    def _insert(self, raw: bytes, now: int) -> tuple[int, int]:
+    def _insert(self, raw: bytes, now: int, free: Optional[int]) -> tuple[int, int]:
         table = self.table
-        slot = table.open_slot(raw)  # never assigned, or emptied by _repair
+        slot = free  # never assigned, or emptied by _repair
         evicting = slot is None
         if slot is None:
             slot = self._victim(raw, now)
@@ -179,25 +234,44 @@ class SharedKeys:
         """A full table's slot to give to a new key: the first idle one on its probe path, else
         the least recently used."""
         table = self.table
+        cap = table.capacity
+        home = key_hash(raw) % cap
+        order = list(range(home, cap)) + list(range(home))
+        tags = self._q[TAGS_AT // 8 : TAGS_AT // 8 + cap].tolist()
         best, best_last = -1, 0
-        for slot in table.probe_order(raw):
-            if table.tag(slot) & 1:
-                continue  # repaired only on its keys' paths: not a candidate
-            words = self.words(slot)
-            if all(tat <= now for tat in words[1:]):
-                return slot
-            if best < 0 or words[0] < best_last:
-                best, best_last = slot, words[0]
+        if self._locked:  # the twin: each slot's record, read until an idle one
+            for slot in order:
+                if tags[slot] & 1:
+                    continue
+                words = self.words(slot)
+                if all(tat <= now for tat in words[1:]):
+                    return slot
+                if best < 0 or words[0] < best_last:
+                    best, best_last = slot, words[0]
+        else:  # the compiled core's words, read in bulk: every slot's last-used, each TAT
+            b0, step = table.blocks_at // 8, table.block // 8
+            lasts = self._q[b0 : b0 + cap * step : step].tolist()
+            tats = [
+                self._q[b0 + r : b0 + r + cap * step : step].tolist() for r in range(1, self._n + 1)
+            ]
+            for slot in order:
+                if not tags[slot] & 1 and all(tat[slot] <= now for tat in tats):
+                    return slot
+            for slot in order:
+                if not tags[slot] & 1 and (best < 0 or lasts[slot] < best_last):
+                    best, best_last = slot, lasts[slot]
         if best < 0:
             raise RuntimeError("the shared RateLimiterMap's slots are all being rewritten")
         return best
 
-    def _repair(self, raw: bytes) -> None:
-        """Under the table's lock: repair the slots on ``raw``'s probe path that a writer killed
-        halfway left odd. A whole key found nowhere else keeps its slot; anything else is
+    def _repair(self, raw: bytes, odd: list[int]) -> None:
+        """Under the table's lock: repair the ``odd`` slots on ``raw``'s probe path, left so by
+        a writer killed halfway. A whole key found nowhere else keeps its slot; anything else is
         emptied (lookups go on past it, the next new key takes it)."""
         table = self.table
-        for slot in table.odd_slots(raw):
+        for slot in odd:
+            if not table.tag(slot) & 1:
+                continue  # a tag that moved while the path was read: nothing to repair
             with self.lock_for(slot):
                 key = table.whole_key(slot)
                 if key is not None and table.find(key) is None:
@@ -207,16 +281,12 @@ class SharedKeys:
                 table.empty(slot)
 
     def __len__(self) -> int:
-        """The keys in the table now (a scan: no count to leave wrong when a writer dies)."""
-        table = self.table
-        view = table.view
-        return sum(
-            1
-            for slot in range(table.capacity)
-            if not table.tag(slot) & 1
-            and view[table.slots_at + slot * SLOT_SIZE : table.slots_at + slot * SLOT_SIZE + 8]
-            != _ZERO
-        )
+        """The keys in the table now (counted: no count to leave wrong when a writer dies)."""
+        t = self.table
+        s0 = t.slots_at // 8
+        hashes = self._q[s0 : s0 + t.capacity * _STRIDE : _STRIDE].tolist()
+        tags = self._q[TAGS_AT // 8 : TAGS_AT // 8 + t.capacity].tolist()
+        return sum(1 for h, tag in zip(hashes, tags) if h and not tag & 1)
 
     @property
     def evicted(self) -> int:
