@@ -304,16 +304,7 @@ def test_four_processes_with_a_moving_clock_stay_within_the_bound(
 
 
 def _same_home(n: int, cap: int, start: int = 0) -> list[str]:
-    """``n`` keys whose probe paths start at one slot."""
-    by_home: dict[int, list[str]] = {}
-    i = start
-    while True:
-        key = f"ip-{i}"
-        keys = by_home.setdefault(_region_map._hash(_region_map.encode_key(key)) % cap, [])
-        keys.append(key)
-        if len(keys) == n:
-            return keys
-        i += 1
+    return rs.same_home(n, cap, start, prefix="ip-")
 
 
 def _die_mid_write(core: str, name: str, clock: Any, key: str, step: str) -> None:
