@@ -577,10 +577,11 @@ class SharedRegion:
     (``size`` bytes, at least 36 KiB), the others attach to it (their ``size`` is not used);
     ``create=False`` only attaches (``FileNotFoundError`` if there is none). Then
     ``region.breaker(name, ...)``, ``region.breaker_map(name, *, capacity, ...)``,
-    ``region.retry_budget(name, ...)`` and ``region.bulkhead(name, max_concurrent)`` return the
-    ordinary objects, their state in the region: the same name gives the same state in every
-    process. ``clock`` (tests) is the clock of the objects made, which every process must share
-    (default: ``CLOCK_MONOTONIC``, the same for every process of the host).
+    ``region.retry_budget(name, ...)``, ``region.bulkhead(name, max_concurrent)``,
+    ``region.rate_limiter(name, *rates)`` and ``region.rate_limiter_map(name, *rates,
+    capacity)`` return the ordinary objects, their state in the region: the same name gives the
+    same state in every process. ``clock`` (tests) is the clock of the objects made, which every
+    process must share (default: ``CLOCK_MONOTONIC``, the same for every process of the host).
 
     ``close()`` ends this region object; the segment is unmapped in this process once the
     objects it made are gone too. ``unlink()`` removes the segment's name (the processes that
