@@ -293,19 +293,13 @@ cdef class RateLimiter:
 
 @cython.final
 cdef class _Key:
-    """One key's words in a compiled RateLimiterMap (no Python fields: not tracked by the GC).
-    A shared map's key points at its slot's words in the region, and remembers the slot's tag."""
+    """One key's words in a compiled RateLimiterMap (no Python fields: not tracked by the GC)."""
     cdef fb_rate_t r
     cdef int64_t last
-    cdef int64_t *lastp          # &last, or the slot's last-used word
-    cdef int64_t *tagp           # NULL, or the slot's tag word (shared map)
-    cdef int64_t tag
-    cdef readonly Py_ssize_t slot
-    cdef bint owns_words
     cdef int64_t inline_words[2]
 
     def __dealloc__(self):
-        if self.owns_words:
+        if self.r.tat != NULL and self.r.tat != &self.inline_words[0]:
             PyMem_Free(self.r.tat)
 
 
@@ -314,27 +308,32 @@ cdef _Key _new_key(RateLimiterMap m):
     cdef int i
     k.r.cfg = &m.cfg
     k.r.cnt = &m.counts[0]
-    k.lastp = &k.last
     if m.cfg.n <= 2:
         k.r.tat = &k.inline_words[0]
     else:
         k.r.tat = <int64_t *>PyMem_Malloc(m.cfg.n * sizeof(int64_t))
         if k.r.tat == NULL:
             raise MemoryError()
-        k.owns_words = True
     for i in range(m.cfg.n):
         k.r.tat[i] = 0
     return k
 
 
-cdef _Key _slot_key(RateLimiterMap m, Py_ssize_t slot, int64_t tag):
-    # A shared map's key: its words are its slot's block (last-used, then the TATs).
-    cdef _Key k = _Key.__new__(_Key)
-    cdef int64_t *block = <int64_t *>(m.base + m.blocks_at + slot * m.block)
+@cython.final
+cdef class _SlotKey:
+    """A shared map's key as this process caches it: its slot's words in the region (last-used,
+    then the TATs) and the slot's tag when it was bound (another tag: the key was evicted)."""
+    cdef fb_rate_t r
+    cdef int64_t *tagp
+    cdef int64_t tag
+    cdef readonly Py_ssize_t slot
+
+
+cdef _SlotKey _slot_key(RateLimiterMap m, Py_ssize_t slot, int64_t tag):
+    cdef _SlotKey k = _SlotKey.__new__(_SlotKey)
     k.r.cfg = &m.cfg
     k.r.cnt = &m.counts[0]
-    k.lastp = block
-    k.r.tat = block + 1
+    k.r.tat = <int64_t *>(m.base + m.blocks_at + slot * m.block) + 1
     k.tagp = <int64_t *>(m.base + TAGS_AT) + slot
     k.tag = tag
     k.slot = slot
@@ -431,15 +430,8 @@ cdef class RateLimiterMap:
         # The rare path: under the map's lock, so a key never gets two entries and the map never
         # holds more than max_keys.
         _check(self._ready)
-        cdef _Key k
         with self._lock:
             k = self._d.get(key)
-            if self._shared is not None:
-                if k is None or fb_load_acq(k.tagp) != k.tag:
-                    slot, tag = self._shared.bind(key, now)
-                    k = _slot_key(self, slot, tag)
-                    self._shared.remember(self._d, key, k)
-                return k
             if k is None:
                 if len(self._d) >= self._max_keys:
                     _rl.evict(self, now)
@@ -447,41 +439,67 @@ cdef class RateLimiterMap:
                 self._d[key] = k
             return k
 
-    cdef _Key _existing(self, key):
-        # The key's entry, or None; a shared map's key is looked up in its table (no insertion).
-        cdef _Key k = self._d.get(key)
-        if self._shared is None or (k is not None and fb_load_acq(k.tagp) == k.tag):
-            return k
+    cdef _SlotKey _bind(self, key, int64_t now, bint insert):
+        # A shared map's key, cached or (un)cached again after an eviction: under the map's lock.
+        # insert: a new key takes a slot (evicting one if the table is full); else None if absent.
+        cdef _SlotKey k
+        _check(self._ready)
         with self._lock:
-            found = self._shared.find(key)
+            k = self._d.get(key)
+            if k is not None and fb_load_acq(k.tagp) == k.tag:
+                return k  # another thread bound it while we waited for the lock
+            found = self._shared.bind(key, now) if insert else self._shared.find(key)
             if found is None:
                 return None
             k = _slot_key(self, found[0], found[1])
             self._shared.remember(self._d, key, k)
             return k
 
+    cdef int _shared_try(self, key, int64_t w, int64_t now) except -1:
+        cdef object found = self._d.get(key)
+        cdef _SlotKey k
+        if found is None:
+            k = self._bind(key, now, True)
+        else:
+            k = <_SlotKey>found  # a shared map's dict holds only _SlotKey values
+            if fb_load_acq(k.tagp) != k.tag:
+                k = self._bind(key, now, True)  # its slot was given to another key
+        fb_store_rlx(k.r.tat - 1, now)  # the slot's last-used word
+        return fb_rate_try_acquire(&k.r, w, now)
+
+    cdef fb_rate_t *_existing(self, key) except? NULL:
+        # The key's words, or NULL for an absent key (a shared map looks in its table).
+        cdef _SlotKey k
+        if self._shared is None:
+            found = self._d.get(key)
+            return NULL if found is None else &(<_Key>found).r
+        k = self._d.get(key)
+        if k is None or fb_load_acq(k.tagp) != k.tag:
+            k = self._bind(key, 0, False)
+        return NULL if k is None else &k.r
+
     @cython.binding(False)
     def try_acquire(self, key, weight=1):
         """Admit ``weight`` units for ``key`` now (True) or charge nothing (False)."""
         cdef int64_t w = _weight(weight, &self.cfg, self)
         cdef int64_t now = fb_monotonic_ns() if self._clock is None else _read(self._clock)
+        if self._shared is not None:
+            return self._shared_try(key, w, now) == 1
         cdef object found = self._d.get(key)
         cdef _Key k
         if found is None:
             k = self._create(key, now)
         else:
             k = <_Key>found  # the dict holds only _Key values
-            if k.tagp != NULL and fb_load_acq(k.tagp) != k.tag:
-                k = self._create(key, now)  # its slot was given to another key: bind again
-        fb_store_rlx(k.lastp, now)
+        k.last = now
         return fb_rate_try_acquire(&k.r, w, now) == 1
 
     def _retry_after_ns(self, key, weight=1):
         cdef int64_t w = _weight(weight, &self.cfg, self)
-        cdef _Key k = self._existing(key)
-        if k is None:
+        cdef fb_rate_t *r = self._existing(key)
+        if r == NULL:
             return 0
-        return fb_rate_retry_after_ns(&k.r, w, _clock_ns(self._clock))
+        return fb_rate_retry_after_ns(r, w, _clock_ns(self._clock))
 
     def retry_after(self, key, weight=1):
         """Seconds until ``try_acquire(key, weight)`` would succeed; 0.0 if now."""
@@ -490,9 +508,9 @@ cdef class RateLimiterMap:
     def refund(self, key, weight):
         """Give ``weight`` units back to ``key``'s rates (no-op for an unknown key)."""
         cdef int64_t w = _weight(weight, &self.cfg, self)
-        cdef _Key k = self._existing(key)
-        if k is not None:
-            _refund(&k.r, w, _clock_ns(self._clock))
+        cdef fb_rate_t *r = self._existing(key)
+        if r != NULL:
+            _refund(r, w, _clock_ns(self._clock))
 
     def _count_wait(self):
         return None
