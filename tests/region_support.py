@@ -193,3 +193,20 @@ def take_probe(core: str, name: str, clock: Any, q: Any) -> None:
     q.put(b.allow())
     while True:
         signal.pause()
+
+
+def same_home(n: int, capacity: int, start: int = 0, prefix: str = "host-") -> list[str]:
+    """``n`` keys whose probe paths in a shared table of ``capacity`` slots all start at one
+    slot: inserted in order, each later key's lookup passes over the slots of the earlier ones."""
+    from fastbreaker import _region_map
+
+    by_home: dict[int, list[str]] = {}
+    i = start
+    while True:
+        key = f"{prefix}{i}"
+        home = _region_map.key_hash(_region_map.encode_key(key)) % capacity
+        keys = by_home.setdefault(home, [])
+        keys.append(key)
+        if len(keys) == n:
+            return keys
+        i += 1

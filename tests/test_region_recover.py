@@ -59,17 +59,7 @@ def clock() -> Iterator[rs.SharedClock]:
 
 
 def same_home(n: int, start: int = 0) -> list[str]:
-    """``n`` keys whose probe paths all start at one slot: inserted in order, each later key's
-    lookup passes over the slots of the earlier ones."""
-    by_home: dict[int, list[str]] = {}
-    i = start
-    while True:
-        key = f"host-{i}"
-        keys = by_home.setdefault(_region_map._hash(_region_map.encode_key(key)) % CAP, [])
-        keys.append(key)
-        if len(keys) == n:
-            return keys
-        i += 1
+    return rs.same_home(n, CAP, start)
 
 
 def die_mid_rewrite(core: str, name: str, clock: Any, key: str, step: str) -> None:

@@ -16,6 +16,7 @@ from libc.stdint cimport int64_t
 import inspect as _inspect
 
 from . import _ratelimit as _rl
+from ._region_map import TAGS_AT as _TAGS_AT
 from ._durations import check_clock as _check_clock, read_clock as _read
 from ._errors import not_copyable as _not_copyable
 from ._keywords import check_keywords as _check_keywords, keyword_names as _keyword_names
@@ -24,11 +25,14 @@ from ._ratelimit import RateLimiterMapMetrics as _MapMetrics, RateLimiterMetrics
 cdef extern from "_fb_atomic.h" nogil:
     int64_t fb_load_acq(int64_t *p)
     int64_t fb_load_rlx(int64_t *p)
+    void fb_store_rel(int64_t *p, int64_t v)
+    void fb_store_rlx(int64_t *p, int64_t v)
     int64_t fb_add(int64_t *p, int64_t v)
     int fb_cas(int64_t *p, int64_t *expected, int64_t desired)
     int64_t fb_monotonic_ns()
 
 assert FB_RATE_MAX == _rl.MAX_RATES
+cdef Py_ssize_t TAGS_AT = _TAGS_AT
 
 
 cdef int _charge(fb_rate_t *r, int64_t w, int64_t now) noexcept nogil:
@@ -330,6 +334,27 @@ cdef _Key _new_key(RateLimiterMap m):
 
 
 @cython.final
+cdef class _SlotKey:
+    """A shared map's key as this process caches it: its slot's words in the region (last-used,
+    then the TATs) and the slot's tag when it was bound (another tag: the key was evicted)."""
+    cdef fb_rate_t r
+    cdef int64_t *tagp
+    cdef int64_t tag
+    cdef readonly Py_ssize_t slot
+
+
+cdef _SlotKey _slot_key(RateLimiterMap m, Py_ssize_t slot, int64_t tag):
+    cdef _SlotKey k = _SlotKey.__new__(_SlotKey)
+    k.r.cfg = &m.cfg
+    k.r.cnt = &m.counts[0]
+    k.r.tat = <int64_t *>(m.base + m.blocks_at + slot * m.block) + 1
+    k.tagp = <int64_t *>(m.base + TAGS_AT) + slot
+    k.tag = tag
+    k.slot = slot
+    return k
+
+
+@cython.final
 cdef class RateLimiterMap:
     """One GCRA limiter per key over the same ``rates``, at most ``max_keys`` of them: a full
     map evicts idle keys (every rate's TAT in the past: nothing is lost) first, then the least
@@ -347,6 +372,10 @@ cdef class RateLimiterMap:
     cdef public object _queues
     cdef bint _ready
     cdef object __weakref__
+    cdef public object _shared       # a shared map's SharedKeys (_region_ratelimit), else None
+    cdef object _view                # its table's block in the region (keeps it mapped)
+    cdef char *base
+    cdef Py_ssize_t blocks_at, block
 
     __signature__ = _MAP_SIGNATURE
 
@@ -365,6 +394,17 @@ cdef class RateLimiterMap:
         self._lock = _rl.new_lock()
         self._queues = {}
         self._ready = True
+
+    def _attach(self, keys):
+        """A map in a SharedRegion: its keys and their words live in ``keys``' table."""
+        cdef unsigned char[::1] mv = keys.table.view
+        _check(self._ready)
+        self._view = keys.table.view
+        self.base = <char *>&mv[0]
+        self.blocks_at = keys.table.blocks_at
+        self.block = keys.table.block
+        self._shared = keys
+        self._d = {}
 
     def __copy__(self):
         raise _not_copyable(self)
@@ -417,11 +457,52 @@ cdef class RateLimiterMap:
                 self._d[key] = k
             return k
 
+    cdef _SlotKey _bind(self, key, int64_t now, bint insert):
+        # A shared map's key, cached or (un)cached again after an eviction: under the map's lock.
+        # insert: a new key takes a slot (evicting one if the table is full); else None if absent.
+        cdef _SlotKey k
+        _check(self._ready)
+        with self._lock:
+            k = self._d.get(key)
+            if k is not None and fb_load_acq(k.tagp) == k.tag:
+                return k  # another thread bound it while we waited for the lock
+            found = self._shared.bind(key, now) if insert else self._shared.find(key)
+            if found is None:
+                return None
+            k = _slot_key(self, found[0], found[1])
+            self._shared.remember(self._d, key, k)
+            return k
+
+    cdef int _shared_try(self, key, int64_t w, int64_t now) except -1:
+        cdef object found = self._d.get(key)
+        cdef _SlotKey k
+        if found is None:
+            k = self._bind(key, now, True)
+        else:
+            k = <_SlotKey>found  # a shared map's dict holds only _SlotKey values
+            if fb_load_acq(k.tagp) != k.tag:
+                k = self._bind(key, now, True)  # its slot was given to another key
+        fb_store_rlx(k.r.tat - 1, now)  # the slot's last-used word
+        return fb_rate_try_acquire(&k.r, w, now)
+
+    cdef fb_rate_t *_existing(self, key) except? NULL:
+        # The key's words, or NULL for an absent key (a shared map looks in its table).
+        cdef _SlotKey k
+        if self._shared is None:
+            found = self._d.get(key)
+            return NULL if found is None else &(<_Key>found).r
+        k = self._d.get(key)
+        if k is None or fb_load_acq(k.tagp) != k.tag:
+            k = self._bind(key, 0, False)
+        return NULL if k is None else &k.r
+
     @cython.binding(False)
     def try_acquire(self, key, weight=1):
         """Admit ``weight`` units for ``key`` now (True) or charge nothing (False)."""
         cdef int64_t w = _weight(weight, &self.cfg, self)
         cdef int64_t now = fb_monotonic_ns() if self._clock is None else _read(self._clock)
+        if self._shared is not None:
+            return self._shared_try(key, w, now) == 1
         cdef object found = self._d.get(key)
         cdef _Key k
         if found is None:
@@ -433,10 +514,10 @@ cdef class RateLimiterMap:
 
     def _retry_after_ns(self, key, weight=1):
         cdef int64_t w = _weight(weight, &self.cfg, self)
-        cdef _Key k = self._d.get(key)
-        if k is None:
+        cdef fb_rate_t *r = self._existing(key)
+        if r == NULL:
             return 0
-        return fb_rate_retry_after_ns(&k.r, w, _clock_ns(self._clock))
+        return fb_rate_retry_after_ns(r, w, _clock_ns(self._clock))
 
     def retry_after(self, key, weight=1):
         """Seconds until ``try_acquire(key, weight)`` would succeed; 0.0 if now."""
@@ -445,9 +526,9 @@ cdef class RateLimiterMap:
     def refund(self, key, weight):
         """Give ``weight`` units back to ``key``'s rates (no-op for an unknown key)."""
         cdef int64_t w = _weight(weight, &self.cfg, self)
-        cdef _Key k = self._d.get(key)
-        if k is not None:
-            _refund(&k.r, w, _clock_ns(self._clock))
+        cdef fb_rate_t *r = self._existing(key)
+        if r != NULL:
+            _refund(r, w, _clock_ns(self._clock))
 
     def _count_wait(self):
         return None
@@ -474,22 +555,26 @@ cdef class RateLimiterMap:
         return _rl.call_async(self, key, fn, args, kwargs)
 
     def __len__(self):
-        return len(self._d)
+        return len(self._d) if self._shared is None else len(self._shared)
 
     def __contains__(self, key):
-        return key in self._d
+        return key in self._d if self._shared is None else self._shared.contains(key)
 
     def metrics(self):
         """Keys held now, keys evicted, and requests admitted and rejected so far."""
         _check(self._ready)
-        return _MapMetrics(len(self._d), self._evicted, fb_load_acq(&self.counts[0]),
+        if self._shared is not None:
+            keys, evicted = len(self._shared), self._shared.evicted
+        else:
+            keys, evicted = len(self._d), self._evicted
+        return _MapMetrics(keys, evicted, fb_load_acq(&self.counts[0]),
                            fb_load_acq(&self.counts[1]))
 
     def __repr__(self):
         if not self._ready:
             return "<RateLimiterMap (not initialised)>"
         rates = ", ".join([repr(r) for r in self._rates])
-        return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self._d)})"
+        return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self)})"
 
 
 def shared_size(n):
@@ -499,6 +584,28 @@ def shared_size(n):
 
 def shared_init(view, n):
     """A new shared limiter: every TAT 0 (fresh). The region's memory is zeroed already."""
+
+
+def map_block_size(n):
+    """The bytes of one key of a shared RateLimiterMap of ``n`` rates: its last-used time and
+    TAT words."""
+    return (n + 1) * sizeof(int64_t)
+
+
+def map_slot_read(view, n):
+    """A shared map key's last-used time, then its TATs (each word read atomically)."""
+    cdef int64_t[::1] words = view.cast("q")
+    cdef Py_ssize_t i, count = n + 1
+    return tuple([fb_load_acq(&words[i]) for i in range(count)])
+
+
+def map_slot_reset(view, n, now):
+    """A fresh key (every TAT 0), last used at ``now``."""
+    cdef int64_t[::1] words = view.cast("q")
+    cdef int i
+    fb_store_rel(&words[0], now)
+    for i in range(1, n + 1):
+        fb_store_rel(&words[i], 0)
 
 
 cdef fb_rate_t *fb_rate_handle(object limiter) except NULL:

@@ -22,7 +22,15 @@ from ._errors import not_copyable
 from ._keywords import checks_keywords
 from ._ratelimit import Rate, RateLimiterMapMetrics, RateLimiterMetrics, RateSpec
 
-__all__ = ["RateLimiter", "RateLimiterMap", "shared_init", "shared_size"]
+__all__ = [
+    "RateLimiter",
+    "RateLimiterMap",
+    "map_block_size",
+    "map_slot_read",
+    "map_slot_reset",
+    "shared_init",
+    "shared_size",
+]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _R = TypeVar("_R")
@@ -47,6 +55,11 @@ def _refund(tat: list[int], t: list[int], w: int, now: int) -> None:
     for i in range(len(t)):
         if tat[i] > now:
             tat[i] = max(tat[i] - w * t[i], now)
+
+
+def _refund_step(tat: list[int], t: list[int], w: int, now: int) -> int:
+    _refund(tat, t, w, now)
+    return 0
 
 
 class _RateLayout:
@@ -74,6 +87,44 @@ def shared_size(n: int) -> int:
 
 def shared_init(view: memoryview, n: int) -> None:
     """A new shared limiter: every TAT 0 (fresh). The region's memory is zeroed already."""
+
+
+def map_block_size(n: int) -> int:
+    """The bytes of one key of a shared RateLimiterMap of ``n`` rates: its last-used time and
+    TAT words, as a ``SharedRecord``."""
+    from ._region import SharedRecord
+
+    return SharedRecord.footprint(8 * (n + 1))
+
+
+def map_slot_read(view: memoryview, n: int) -> tuple[int, ...]:
+    """A shared map key's last-used time, then its TATs (exact under its slot's lock)."""
+    from ._region import SharedRecord
+
+    return struct.unpack(f"<{n + 1}q", SharedRecord(view, 8 * (n + 1)).load())
+
+
+def map_slot_reset(view: memoryview, n: int, now: int) -> None:
+    """A fresh key (every TAT 0), last used at ``now``; under its slot's lock."""
+    from ._region import SharedRecord
+
+    SharedRecord(view, 8 * (n + 1)).store(struct.pack(f"<{n + 1}q", now, *[0] * n))
+
+
+def map_slot_write(view: memoryview, last: int, tat: list[int]) -> None:
+    from ._region import SharedRecord
+
+    SharedRecord(view, 8 * (len(tat) + 1)).store(struct.pack(f"<{len(tat) + 1}q", last, *tat))
+
+
+class _Slot:
+    """A shared map's key as cached by this process: its slot and the tag it had."""
+
+    __slots__ = ("slot", "tag")
+
+    def __init__(self, slot: int, tag: int) -> None:
+        self.slot = slot
+        self.tag = tag
 
 
 class _Config:
@@ -266,6 +317,7 @@ class RateLimiterMap:
         "_evicted",
         "_counts",
         "_queues",
+        "_shared",
         "__weakref__",
     )
 
@@ -286,6 +338,12 @@ class RateLimiterMap:
         self._evicted = 0
         self._counts = [0, 0]
         self._queues: dict[Any, Any] = {}
+        self._shared: Any = None  # a shared map's SharedKeys (_region_ratelimit), else None
+
+    def _attach(self, keys: Any) -> None:
+        """A map in a SharedRegion: its keys and their words live in ``keys``' table."""
+        self._shared = keys
+        self._d = {}
 
     def __copy__(self) -> object:
         raise not_copyable(self)
@@ -339,16 +397,60 @@ class RateLimiterMap:
         w = cfg.weight(weight)
         now = read_clock(cfg.clock)
         with self._lock:
-            e = self._entry(key, now)
-            ok = _admit(e, cfg.t, cfg.tau, w, now)
+            if self._shared is not None:
+                ok = self._shared_step(key, now, lambda tat: _admit(tat, cfg.t, cfg.tau, w, now))
+            else:
+                ok = _admit(self._entry(key, now), cfg.t, cfg.tau, w, now)
             self._counts[0 if ok else 1] += 1
             return ok
+
+    def _shared_step(self, key: Any, now: int, step: Callable[[list[int]], _R]) -> _R:
+        """``step(tat)`` on a shared key's TATs under its slot's lock, the key inserted if
+        absent; its last-used time set to ``now``."""
+        keys = self._shared
+        d: dict[Any, Any] = self._d
+        while True:
+            e = d.get(key)
+            if e is None or keys.tag(e.slot) != e.tag:
+                e = _Slot(*keys.bind(key, now))
+                keys.remember(d, key, e)
+            with keys.lock_for(e.slot):
+                if keys.tag(e.slot) != e.tag:
+                    continue  # evicted since: bind again
+                tat = list(keys.words(e.slot)[1:])
+                out = step(tat)
+                map_slot_write(keys.slot_view(e.slot), now, tat)
+                return out
+
+    def _shared_read(self, key: Any, step: Callable[[list[int]], int]) -> int:
+        """``step(tat)`` on a shared key's TATs under its slot's lock; 0 for an absent key."""
+        keys = self._shared
+        d: dict[Any, Any] = self._d
+        while True:
+            e = d.get(key)
+            if e is None or keys.tag(e.slot) != e.tag:
+                found = keys.find(key)
+                if found is None:
+                    return 0
+                e = _Slot(*found)
+                keys.remember(d, key, e)
+            with keys.lock_for(e.slot):
+                if keys.tag(e.slot) != e.tag:
+                    continue
+                words = keys.words(e.slot)
+                tat = list(words[1:])
+                out = step(tat)
+                if tat != list(words[1:]):
+                    map_slot_write(keys.slot_view(e.slot), words[0], tat)
+                return out
 
     def _retry_after_ns(self, key: Hashable, weight: int = 1) -> int:
         cfg = self._cfg
         w = cfg.weight(weight)
         now = read_clock(cfg.clock)
         with self._lock:
+            if self._shared is not None:
+                return self._shared_read(key, lambda tat: _wait_ns(tat, cfg.t, cfg.tau, w, now))
             e = self._d.get(key)
             return 0 if e is None else _wait_ns(e, cfg.t, cfg.tau, w, now)
 
@@ -362,6 +464,9 @@ class RateLimiterMap:
         w = cfg.weight(weight)
         now = read_clock(cfg.clock)
         with self._lock:
+            if self._shared is not None:
+                self._shared_read(key, lambda tat: _refund_step(tat, cfg.t, w, now))
+                return
             e = self._d.get(key)
             if e is not None:
                 _refund(e, cfg.t, w, now)
@@ -393,16 +498,21 @@ class RateLimiterMap:
         return await _rl.call_async(self, key, fn, args, kwargs)  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
-        return len(self._d)
+        return len(self._d) if self._shared is None else len(self._shared)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._d
+        if self._shared is None:
+            return key in self._d
+        return bool(self._shared.contains(key))
 
     def metrics(self) -> RateLimiterMapMetrics:
         """Keys held now, keys evicted, and requests admitted and rejected so far."""
         with self._lock:
+            if self._shared is not None:
+                keys = self._shared
+                return RateLimiterMapMetrics(len(keys), keys.evicted, *self._counts)
             return RateLimiterMapMetrics(len(self._d), self._evicted, *self._counts)
 
     def __repr__(self) -> str:
         rates = ", ".join(repr(r) for r in self._cfg.rates)
-        return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self._d)})"
+        return f"RateLimiterMap({rates}, max_keys={self._max_keys}, keys={len(self)})"

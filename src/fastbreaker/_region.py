@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ._bulkhead_py import Bulkhead
     from ._map_py import BreakerMap
     from ._ratelimit import RateSpec
-    from ._ratelimit_py import RateLimiter
+    from ._ratelimit_py import RateLimiter, RateLimiterMap
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -88,13 +88,14 @@ _H_MAGIC, _H_VERSION, _H_SIZE, _H_CORE, _H_CURSOR, _H_ENTRIES = range(0, 48, 8)
 _E_KIND, _E_OFFSET, _E_NBYTES, _E_HASH, _E_OPTS, _E_OPTS_LEN = range(64, 112, 8)
 
 KIND_BREAKER, KIND_MAP, KIND_BUDGET, KIND_BULKHEAD = 1, 2, 3, 4
-KIND_RATE = 5
+KIND_RATE, KIND_RATE_MAP = 5, 6
 _KIND_NAMES = {
     KIND_BREAKER: "breaker",
     KIND_MAP: "breaker_map",
     KIND_BUDGET: "retry_budget",
     KIND_BULKHEAD: "bulkhead",
     KIND_RATE: "rate_limiter",
+    KIND_RATE_MAP: "rate_limiter_map",
 }
 _CORES = {"c": 1, "python": 2}
 
@@ -578,10 +579,11 @@ class SharedRegion:
     (``size`` bytes, at least 36 KiB), the others attach to it (their ``size`` is not used);
     ``create=False`` only attaches (``FileNotFoundError`` if there is none). Then
     ``region.breaker(name, ...)``, ``region.breaker_map(name, *, capacity, ...)``,
-    ``region.retry_budget(name, ...)`` and ``region.bulkhead(name, max_concurrent)`` return the
-    ordinary objects, their state in the region: the same name gives the same state in every
-    process. ``clock`` (tests) is the clock of the objects made, which every process must share
-    (default: ``CLOCK_MONOTONIC``, the same for every process of the host).
+    ``region.retry_budget(name, ...)``, ``region.bulkhead(name, max_concurrent)``,
+    ``region.rate_limiter(name, *rates)`` and ``region.rate_limiter_map(name, *rates,
+    capacity)`` return the ordinary objects, their state in the region: the same name gives the
+    same state in every process. ``clock`` (tests) is the clock of the objects made, which every
+    process must share (default: ``CLOCK_MONOTONIC``, the same for every process of the host).
 
     ``close()`` ends this region object; the segment is unmapped in this process once the
     objects it made are gone too. ``unlink()`` removes the segment's name (the processes that
@@ -836,16 +838,17 @@ class SharedRegion:
     def _breaker_of(self, core: Any, name: str, args: Any, options: dict[str, Any]) -> Any:
         """``breaker()`` with the breaker core module ``core`` (tests: a racy build)."""
         from ._options import BreakerOptions
+        from ._region_map import BANNED_OPTIONS, breaker_key
 
         for banned in ("name", "clock"):
             if banned in options:
-                raise TypeError(f"region.breaker() takes no {banned!r}: {_BANNED[banned]}")
+                raise TypeError(f"region.breaker() takes no {banned!r}: {BANNED_OPTIONS[banned]}")
         validated = BreakerOptions(*args, name=name, clock=self._clock, **options)
         nbytes = core.shared_size(validated)
         offset, _ = self._object(
             KIND_BREAKER,
             name,
-            _breaker_key(validated),
+            breaker_key(validated),
             nbytes,
             lambda view: core.shared_init(view, validated),
         )
@@ -871,37 +874,9 @@ class SharedRegion:
         ``max_keys`` and ``clock`` (positional ``args``, keyword ``options``, and
         ``max_open_ratio``, which holds across all processes). See ``_region_map`` for the
         table and its eviction."""
-        from ._durations import check_count, check_rate
-        from ._map import map_class
-        from ._map_steps import attach_table
-        from ._options import BreakerOptions
-        from ._region_map import MAX_CAPACITY, SharedTable, map_size
+        from ._region_map import breaker_map
 
-        for banned in ("max_keys", "clock", "name"):
-            if banned in options:
-                raise TypeError(f"region.breaker_map() takes no {banned!r}: {_BANNED[banned]}")
-        check_count(capacity, "capacity", 1, MAX_CAPACITY)
-        ratio = check_rate(max_open_ratio, "max_open_ratio")
-        validated = BreakerOptions(*args, clock=self._clock, **options)
-        core = self._cores()[0]
-        block = core.shared_size(validated)
-        nbytes = map_size(capacity, block)
-        key = _breaker_key(validated)
-        key.update(capacity=capacity, max_open_ratio=ratio)
-
-        def init(view: memoryview) -> None:
-            SharedTable.init(view, capacity)
-            table = SharedTable(view, capacity, block, None, None, 0)
-            core.shared_group_init(table.group_view(core.shared_group_size()), ratio)
-            for slot in range(capacity):
-                core.shared_init(table.block_view(slot)[:block], validated)
-
-        offset, _ = self._object(KIND_MAP, name, key, nbytes, init)
-        view = self._view(offset, nbytes)
-        table = SharedTable(view, capacity, block, self._lock_at(offset), self._lock_at, offset)
-        m = map_class(core)(*args, max_open_ratio=ratio, clock=self._clock, **options)
-        attach_table(m, table, ratio)
-        return cast("BreakerMap", self._made(m))
+        return cast("BreakerMap", breaker_map(self, name, args, capacity, max_open_ratio, options))
 
     def retry_budget(
         self, name: str, *, ratio: float = 0.1, capacity: float = 100.0, min_per_sec: float = 1.0
@@ -957,25 +932,19 @@ class SharedRegion:
         """The shared ``RateLimiter`` ``name`` (also its name) over ``rates``: one limit for
         every process. Its TAT words live in the region (one CAS each in the compiled core, so a
         process killed at any point leaves no claim behind); its metrics are this process's."""
-        from ._ratelimit import rates_config
+        from ._region_ratelimit import rate_limiter
 
-        out, t, tau = rates_config(rates)
-        if self._core == "c":
-            from . import _ratelimit_c as core
-        else:
-            from . import _ratelimit_py as core  # type: ignore[no-redef]
-        nbytes = core.shared_size(len(out))
-        offset, _ = self._object(
-            KIND_RATE,
-            name,
-            {"rates": tuple(f"{a}ns/{b}ns" for a, b in zip(t, tau))},
-            nbytes,
-            lambda view: core.shared_init(view, len(out)),
-        )
-        view, lock = self._view(offset, nbytes), self._lock_at(offset)
-        return cast(
-            "RateLimiter", self._made(core.RateLimiter._shared(out, name, self._clock, view, lock))
-        )
+        return rate_limiter(self, name, rates)
+
+    def rate_limiter_map(self, name: str, /, *rates: "RateSpec", capacity: int) -> "RateLimiterMap":
+        """The shared ``RateLimiterMap`` ``name`` over ``rates``: at most ``capacity`` str or
+        bytes keys (up to 239 bytes), each key's limit shared by every process. A full map gives
+        a new key the slot of an idle key, else of the least recently used; ``metrics()`` counts
+        keys and evictions of every process, requests admitted and rejected by this one. See
+        ``_region_ratelimit``."""
+        from ._region_ratelimit import rate_limiter_map
+
+        return rate_limiter_map(self, name, rates, capacity)
 
     def _cores(self) -> tuple[Any, Any, Any]:
         if self._core == "c":
@@ -985,22 +954,6 @@ class SharedRegion:
         from . import _breaker_py, _budget_py, _bulkhead_py
 
         return _breaker_py, _budget_py, _bulkhead_py
-
-
-_BANNED = {
-    "name": "the name given to region.breaker() is the breaker's name; a map's breakers are "
-    "named by their keys",
-    "max_keys": "a shared map holds at most capacity keys",
-    "clock": "every process must read the same clock (the region's)",
-}
-
-
-def _breaker_key(options: Any) -> dict[str, Any]:
-    """The breaker options stored with a shared breaker (all but name and clock)."""
-    kw: dict[str, Any] = options.kwargs()
-    kw.pop("name")
-    kw.pop("clock")
-    return kw
 
 
 def _differing(name: str, region: str, theirs: str, ours: str) -> str:

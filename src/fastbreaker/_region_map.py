@@ -44,7 +44,15 @@ from typing import Any, Optional
 
 from ._map_steps import _COUNTERS
 
-__all__ = ["KEY_MAX", "SLOT_SIZE", "TAGS_AT", "SharedTable", "encode_key", "map_size"]
+__all__ = [
+    "KEY_MAX",
+    "SLOT_SIZE",
+    "TAGS_AT",
+    "SharedTable",
+    "encode_key",
+    "key_hash",
+    "map_size",
+]
 
 SLOT_SIZE = 256
 KEY_MAX = SLOT_SIZE - 16 - 1
@@ -58,7 +66,7 @@ _q = struct.Struct("<q")
 assert _H_TOTALS + 8 * len(_COUNTERS) <= GROUP_AT
 
 
-def encode_key(key: object) -> bytes:
+def encode_key(key: object, what: str = "BreakerMap") -> bytes:
     """The key as stored: a type byte (str and bytes keys never collide), then its bytes."""
     if isinstance(key, str):
         raw = b"s" + key.encode("utf-8")
@@ -66,10 +74,11 @@ def encode_key(key: object) -> bytes:
         raw = b"b" + key
     else:
         raise TypeError(
-            f"keys of a shared BreakerMap are str or bytes (the same in every process), got {key!r}"
+            f"keys of a shared {what} are str or bytes (the same in every process), got "
+            f"{type(key).__name__}: {key!r}"
         )
     if len(raw) - 1 > KEY_MAX:
-        raise ValueError(f"a shared BreakerMap's key is at most {KEY_MAX} bytes, got {key!r}")
+        raise ValueError(f"a shared {what}'s key is at most {KEY_MAX} bytes, got {key!r}")
     return raw
 
 
@@ -80,6 +89,9 @@ def decode_key(raw: bytes) -> Any:
 def _hash(raw: bytes) -> int:
     h = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
     return h | 1  # never 0: 0 marks an empty slot
+
+
+key_hash = _hash
 
 
 def _slots_at(capacity: int) -> int:
@@ -292,9 +304,70 @@ class SharedTable:
     def count_assigned(self, delta: int = 1) -> None:
         self._put(_H_ASSIGNED, self._get(_H_ASSIGNED) + delta)
 
-    def add_evicted(self, metrics: Any) -> None:
+    def count_evicted(self) -> None:
         self._put(_H_EVICTED, self._get(_H_EVICTED) + 1)
+
+    def add_evicted(self, metrics: Any) -> None:
+        self.count_evicted()
         for i, name in enumerate(_COUNTERS):
             value = getattr(metrics, name)
             add = round(value * 1e9) if name == "open_seconds_total" else int(value)
             self._put(_H_TOTALS + 8 * i, self._get(_H_TOTALS + 8 * i) + add)
+
+
+def breaker_map(
+    region: Any,
+    name: str,
+    args: tuple[Any, ...],
+    capacity: int,
+    max_open_ratio: float,
+    options: dict[str, Any],
+) -> Any:
+    """``region.breaker_map(name, *args, capacity=..., max_open_ratio=..., **options)``."""
+    from ._durations import check_count, check_rate
+    from ._map import map_class
+    from ._map_steps import attach_table
+    from ._options import BreakerOptions
+    from ._region import KIND_MAP
+
+    for banned in ("max_keys", "clock", "name"):
+        if banned in options:
+            raise TypeError(f"region.breaker_map() takes no {banned!r}: {BANNED_OPTIONS[banned]}")
+    check_count(capacity, "capacity", 1, MAX_CAPACITY)
+    ratio = check_rate(max_open_ratio, "max_open_ratio")
+    validated = BreakerOptions(*args, clock=region._clock, **options)
+    core = region._cores()[0]
+    block = core.shared_size(validated)
+    nbytes = map_size(capacity, block)
+    key = breaker_key(validated)
+    key.update(capacity=capacity, max_open_ratio=ratio)
+
+    def init(view: memoryview) -> None:
+        SharedTable.init(view, capacity)
+        table = SharedTable(view, capacity, block, None, None, 0)
+        core.shared_group_init(table.group_view(core.shared_group_size()), ratio)
+        for slot in range(capacity):
+            core.shared_init(table.block_view(slot)[:block], validated)
+
+    offset, _ = region._object(KIND_MAP, name, key, nbytes, init)
+    view = region._view(offset, nbytes)
+    table = SharedTable(view, capacity, block, region._lock_at(offset), region._lock_at, offset)
+    m = map_class(core)(*args, max_open_ratio=ratio, clock=region._clock, **options)
+    attach_table(m, table, ratio)
+    return region._made(m)
+
+
+BANNED_OPTIONS = {
+    "name": "the name given to region.breaker() is the breaker's name; a map's breakers are "
+    "named by their keys",
+    "max_keys": "a shared map holds at most capacity keys",
+    "clock": "every process must read the same clock (the region's)",
+}
+
+
+def breaker_key(options: Any) -> dict[str, Any]:
+    """The breaker options stored with a shared breaker (all but name and clock)."""
+    kw: dict[str, Any] = options.kwargs()
+    kw.pop("name")
+    kw.pop("clock")
+    return kw
