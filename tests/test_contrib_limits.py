@@ -435,3 +435,106 @@ def test_memory_stays_flat_under_key_churn(fb: Any, name: str, wall: WallClock) 
 
     assert_flat(step)
     assert s.stats()[0] <= 64
+
+
+# -- a real server: flask-limiter under gunicorn, 4 workers ---------------------------------------------
+APP = """
+import os, time
+import fastbreaker.contrib.limits  # registers fastbreaker+shm://
+from flask import Flask
+from flask_limiter import Limiter
+
+app = Flask(__name__)
+limiter = Limiter(lambda: "one client", app=app, storage_uri=os.environ["LIMITS_URI"])
+
+@app.route("/")
+@limiter.limit("20/hour")
+def index():
+    time.sleep(0.02)  # concurrent requests overlap: they go to several workers
+    return "ok"
+
+@app.after_request
+def pid(response):
+    response.headers["X-Worker-Pid"] = str(os.getpid())
+    return response
+"""
+
+
+def _get(port: int) -> tuple[int, int]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/", headers={"Connection": "close"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, int(resp.getheader("X-Worker-Pid") or 0)
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("core, storage", [("c", "shared"), ("python", "shared"), ("c", "memory")])
+def test_flask_limiter_under_gunicorn_admits_the_limit_once(
+    name: str, tmp_path: Any, core: str, storage: str
+) -> None:
+    import socket
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    import fastbreaker
+
+    pytest.importorskip("flask_limiter")
+    pytest.importorskip("gunicorn")
+    if core not in fastbreaker.testing.implementations():
+        pytest.skip("the compiled core is not in use")
+    (tmp_path / "app.py").write_text(APP)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    env = dict(os.environ)
+    env.pop("FASTBREAKER_NO_EXTENSIONS", None)
+    if core == "python":
+        env["FASTBREAKER_NO_EXTENSIONS"] = "1"
+    package_root = str(Path(fastbreaker.__file__).resolve().parent.parent)
+    env.update(
+        LIMITS_URI=f"fastbreaker+shm://{name}?capacity=1024"
+        if storage == "shared"
+        else "memory://",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), package_root, env.get("PYTHONPATH", "")]),
+        XDG_RUNTIME_DIR=str(tmp_path),
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+    )
+    cmd = [sys.executable, "-m", "gunicorn", "-w", "4", "-b", f"fd://{listener.fileno()}"]
+    log = tmp_path / "gunicorn.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, "app:app"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(listener.fileno(),),
+            start_new_session=True,
+        )
+    try:
+        results: list[tuple[int, int]] = []
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(40):  # rounds of 8 at once, until 80 were sent and 4 workers seen
+                results += pool.map(lambda _: _get(port), range(8))
+                if len(results) >= 80 and len({pid for _, pid in results}) == 4:
+                    break
+        statuses = [status for status, _ in results]
+        assert len({pid for _, pid in results}) == 4, log.read_text()
+        assert set(statuses) == {200, 429}
+        if storage == "shared":
+            assert statuses.count(200) == 20  # across the 4 workers
+        else:
+            assert statuses.count(200) > 20  # the control: each worker admits its own 20
+    finally:
+        listener.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
