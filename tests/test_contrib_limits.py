@@ -365,6 +365,46 @@ def test_flask_limiter_in_four_processes_admits_the_limit_once(fb: Any, name: st
         p.join(60)
 
 
+def test_slowapi_apps_on_one_region_share_the_limit(name: str) -> None:
+    # Two apps (as two workers would be), each with its own Limiter and storage object.
+    pytest.importorskip("slowapi")
+    import asyncio
+
+    import httpx
+    from slowapi import Limiter, _rate_limit_exceeded_handler
+    from slowapi.errors import RateLimitExceeded
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    def client(request: Request) -> str:
+        return "one client"
+
+    def app() -> Starlette:
+        limiter = Limiter(key_func=client, storage_uri=f"fastbreaker+shm://{name}")
+
+        @limiter.limit("5/minute")
+        async def index(request: Request) -> PlainTextResponse:
+            return PlainTextResponse("ok")
+
+        a = Starlette(routes=[Route("/", index)])
+        a.state.limiter = limiter
+        a.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
+        return a
+
+    async def run() -> list[int]:
+        apps = [httpx.ASGITransport(app=app()), httpx.ASGITransport(app=app())]
+        out = []
+        for i in range(12):
+            async with httpx.AsyncClient(transport=apps[i % 2], base_url="http://t") as c:
+                out.append((await c.get("/")).status_code)
+        return out
+
+    statuses = asyncio.run(run())
+    assert statuses == [200] * 5 + [429] * 7  # a MemoryStorage per app: 10 admitted
+
+
 # -- the same as MemoryStorage, and flat memory ---------------------------------------------------------
 KEYS = ["a", "b", "c"]
 OPS = st.one_of(
