@@ -306,6 +306,37 @@ def test_a_process_killed_at_any_store_leaves_a_usable_table(
     assert n > {"new counter": 8, "counter": 1, "new window": 9, "window": 3}[op]
 
 
+def test_a_stopped_lock_holder_is_a_timeout_not_a_hang(fb: Any, name: str, wall: WallClock) -> None:
+    from limits.errors import StorageError
+
+    from fastbreaker import SharedStateTimeout
+
+    s = make(fb, name, wall)
+    wrapped = SharedRegionStorage(
+        f"fastbreaker+shm://{name}?capacity=64&window=16",
+        wrap_exceptions=True,
+        region=s.region,
+        clock=wall,
+    )
+    pid = os.fork()
+    if pid == 0:  # holds the bucket of "k" and stops
+        try:
+            with s._table._locate(_region_limits.encode(b"c", "k"))[2]:
+                os.kill(os.getpid(), signal.SIGSTOP)
+        finally:
+            os._exit(0)
+    try:
+        assert os.waitpid(pid, os.WUNTRACED)[1] != 0  # stopped, holding the lock
+        with pytest.raises(SharedStateTimeout, match="held by another process"):
+            s.incr("k", 10)
+        with pytest.raises(StorageError):
+            wrapped.incr("k", 10)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert s.incr("k", 10) == 1  # the kernel dropped the dead holder's lock
+
+
 # -- processes ------------------------------------------------------------------------------------
 def _hammer(fb: Any, name: str, n: int, start: Any) -> None:
     s = make(fb, name)

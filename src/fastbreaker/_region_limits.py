@@ -113,6 +113,7 @@ class SharedCounters:
         self._slot = _slot_words(window)
         self._bucket = _HEADER + WAYS * self._slot
         self._nbuckets = _buckets(capacity)
+        self.slots = self._nbuckets * WAYS
 
     # -- buckets and slots (under the bucket's lock) ----------------------------------------------
     def _locate(self, raw: bytes) -> tuple[int, int, Any]:

@@ -122,7 +122,7 @@ class SharedRegionStorage(
     @property
     def capacity(self) -> int:
         """The most keys held at once (a multiple of 8)."""
-        return -(-self._table.capacity // 8) * 8
+        return self._table.slots
 
     @property
     def window(self) -> int:
