@@ -182,6 +182,36 @@ def test_sliding_window_counter(fb: Any, name: str, wall: WallClock) -> None:
     assert not s.acquire_sliding_window_entry("s2", 2, 60, 3)
 
 
+async def test_the_async_storage_shares_the_sync_counters(
+    fb: Any, name: str, wall: WallClock
+) -> None:
+    from limits.aio.strategies import MovingWindowRateLimiter as AsyncMoving
+
+    from fastbreaker.contrib.limits import AsyncSharedRegionStorage
+
+    s = make(fb, name, wall)
+    a = storage_from_string(
+        f"async+fastbreaker+shm://{name}?capacity=64&window=16", region=s.region, clock=wall
+    )
+    assert isinstance(a, AsyncSharedRegionStorage) and await a.check()
+    assert await a.incr("k", 10) == 1 and s.incr("k", 10) == 2 and await a.get("k") == 2
+    assert await a.get_expiry("k") == wall.now + 10
+    assert await a.decr("k") == 1
+    lim = limits.parse("2/minute")
+    r = AsyncMoving(a)
+    assert await r.hit(lim, "m") and s.acquire_entry(lim.key_for("m"), 2, 60)
+    assert not await r.hit(lim, "m")
+    assert await a.get_moving_window(lim.key_for("m"), 2, 60) == (wall.now, 2)
+    assert await a.acquire_sliding_window_entry("s", 1, 60)
+    assert not await a.acquire_sliding_window_entry("s", 1, 60)
+    assert (await a.get_sliding_window("s", 60))[2] == 1
+    await a.clear_sliding_window("s", 60)
+    await a.clear("k")
+    assert s.get("k") == 0 and await a.reset() == 1  # the moving window "m"
+    with pytest.raises(ValueError, match="async\\+fastbreaker\\+shm://NAME"):
+        AsyncSharedRegionStorage(f"fastbreaker+shm://{name}", region=s.region)
+
+
 # -- the table: options, eviction, the region --------------------------------------------------------
 def test_eviction_takes_expired_keys_first_then_the_soonest_to_expire(
     fb: Any, name: str, wall: WallClock

@@ -13,6 +13,7 @@ import urllib.parse
 from math import floor
 from typing import Callable, Optional
 
+from limits.aio import storage as aio
 from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Storage
 from limits.storage.base import TimestampedSlidingWindow
 
@@ -20,7 +21,7 @@ from .. import SharedRegion, SharedStateTimeout
 from .._region import SharedRegion as AnyRegion
 from .._region_limits import SharedCounters, check_table, encode, region_size
 
-__all__ = ["SCHEME", "SharedRegionStorage"]
+__all__ = ["SCHEME", "AsyncSharedRegionStorage", "SharedRegionStorage"]
 
 SCHEME = "fastbreaker+shm"
 DEFAULT_CAPACITY = 4096
@@ -228,3 +229,89 @@ class SharedRegionStorage(
 
     def __repr__(self) -> str:
         return f"<SharedRegionStorage {self._region.name!r} capacity={self.capacity}>"
+
+
+class AsyncSharedRegionStorage(
+    aio.Storage, aio.MovingWindowSupport, aio.SlidingWindowCounterSupport
+):
+    """``SharedRegionStorage`` for ``limits.aio``: ``uri`` is
+    ``async+fastbreaker+shm://NAME?capacity=N&window=N``; ``wrap_exceptions``, ``capacity``,
+    ``window``, ``region`` and ``clock`` as there. The same counters: a sync and an async
+    storage of one region share them (``sync`` is the sync one). Each call runs at once, in
+    the event loop: it takes microseconds, but waits (up to the region's lock bounds) while
+    another process holds the key's bucket."""
+
+    STORAGE_SCHEME = ["async+" + SCHEME]
+
+    def __init__(
+        self,
+        uri: str,
+        wrap_exceptions: bool = False,
+        *,
+        capacity: Optional[int] = None,
+        window: Optional[int] = None,
+        region: Optional[AnyRegion] = None,
+        clock: Optional[Callable[[], float]] = None,
+    ) -> None:
+        if not isinstance(uri, str) or not uri.startswith("async+"):
+            raise ValueError(f"uri must be 'async+fastbreaker+shm://NAME', got {uri!r}")
+        self.sync = SharedRegionStorage(
+            uri[len("async+") :], capacity=capacity, window=window, region=region, clock=clock
+        )
+        super().__init__(uri, wrap_exceptions=wrap_exceptions)
+
+    @property
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
+        """What ``wrap_exceptions`` turns into ``StorageError``: ``SharedStateTimeout``."""
+        return SharedStateTimeout
+
+    async def incr(self, key: str, expiry: float, amount: int = 1) -> int:
+        """``SharedRegionStorage.incr`` (``key``, ``expiry``, ``amount``)."""
+        return self.sync.incr(key, expiry, amount)
+
+    async def decr(self, key: str, amount: int = 1) -> int:
+        """``SharedRegionStorage.decr`` (``key``, ``amount``)."""
+        return self.sync.decr(key, amount)
+
+    async def get(self, key: str) -> int:
+        """``SharedRegionStorage.get`` (``key``)."""
+        return self.sync.get(key)
+
+    async def get_expiry(self, key: str) -> float:
+        """``SharedRegionStorage.get_expiry`` (``key``)."""
+        return self.sync.get_expiry(key)
+
+    async def check(self) -> bool:
+        """``SharedRegionStorage.check``."""
+        return self.sync.check()
+
+    async def reset(self) -> int:
+        """``SharedRegionStorage.reset``."""
+        return self.sync.reset()
+
+    async def clear(self, key: str) -> None:
+        """``SharedRegionStorage.clear`` (``key``)."""
+        self.sync.clear(key)
+
+    async def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        """``SharedRegionStorage.acquire_entry`` (``key``, ``limit``, ``expiry``, ``amount``)."""
+        return self.sync.acquire_entry(key, limit, expiry, amount)
+
+    async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+        """``SharedRegionStorage.get_moving_window`` (``key``, ``limit``, ``expiry``)."""
+        return self.sync.get_moving_window(key, limit, expiry)
+
+    async def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: int, amount: int = 1
+    ) -> bool:
+        """``SharedRegionStorage.acquire_sliding_window_entry`` (``key``, ``limit``,
+        ``expiry``, ``amount``)."""
+        return self.sync.acquire_sliding_window_entry(key, limit, expiry, amount)
+
+    async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        """``SharedRegionStorage.get_sliding_window`` (``key``, ``expiry``)."""
+        return self.sync.get_sliding_window(key, expiry)
+
+    async def clear_sliding_window(self, key: str, expiry: int) -> None:
+        """``SharedRegionStorage.clear_sliding_window`` (``key``, ``expiry``)."""
+        self.sync.clear_sliding_window(key, expiry)
