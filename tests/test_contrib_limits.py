@@ -276,6 +276,16 @@ def test_the_uri_creates_the_region_or_attaches(name: str) -> None:
         unlink(small)
 
 
+def test_the_storage_outlives_its_region_object(fb: Any, name: str, wall: WallClock) -> None:
+    import gc
+
+    s = make(fb, name, wall)
+    s.region.close()
+    gc.collect()
+    assert s.incr("k", 10) == 1 and s.incr("k", 10) == 2  # the segment is still mapped
+    assert not s.check()  # but the region object makes nothing more
+
+
 # -- crash safety ---------------------------------------------------------------------------------
 class KillOnWrite:
     """Stands for one of the table's views (int64, double): SIGKILLs the process at the

@@ -114,6 +114,7 @@ class SharedCounters:
         self._bucket = _HEADER + WAYS * self._slot
         self._nbuckets = _buckets(capacity)
         self.slots = self._nbuckets * WAYS
+        region._made(self)  # the segment stays mapped while this table lives
 
     # -- buckets and slots (under the bucket's lock) ----------------------------------------------
     def _locate(self, raw: bytes) -> tuple[int, int, Any]:
