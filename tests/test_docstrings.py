@@ -29,6 +29,7 @@ SUBMODULES = [
     "fastbreaker.contrib.prometheus",
     "fastbreaker.contrib.otel",
     "fastbreaker.contrib.redis",
+    "fastbreaker.contrib.limits",
     "fastbreaker.compat.pybreaker",
     "fastbreaker.compat.circuitbreaker",
 ]

@@ -89,6 +89,7 @@ _E_KIND, _E_OFFSET, _E_NBYTES, _E_HASH, _E_OPTS, _E_OPTS_LEN = range(64, 112, 8)
 
 KIND_BREAKER, KIND_MAP, KIND_BUDGET, KIND_BULKHEAD = 1, 2, 3, 4
 KIND_RATE, KIND_RATE_MAP = 5, 6
+KIND_LIMITS = 7  # contrib.limits' table (_region_limits)
 _KIND_NAMES = {
     KIND_BREAKER: "breaker",
     KIND_MAP: "breaker_map",
@@ -96,6 +97,7 @@ _KIND_NAMES = {
     KIND_BULKHEAD: "bulkhead",
     KIND_RATE: "rate_limiter",
     KIND_RATE_MAP: "rate_limiter_map",
+    KIND_LIMITS: "limits_storage",
 }
 _CORES = {"c": 1, "python": 2}
 
