@@ -420,8 +420,8 @@ def test_check_targets_flag_sets_the_exit_status(tmp_path: Path) -> None:
     flat = " ".join(proc.stdout.split())  # a verdict may wrap at 80 columns
     verdicts = flat.split("--check-targets:", 1)[1].split(" target <=")[1:]
     # four for the breaker, two of its rows with other options, one for the shared row, one for
-    # the bulkhead, one for the call paths' rejection, three for the rate limiters
-    assert len(verdicts) == 12
+    # the bulkhead, one for the call paths' rejection, four for the rate limiters
+    assert len(verdicts) == 13
     assert sum(v.split(":")[1].strip().startswith("MISSED") for v in verdicts) == len(missed)
 
 
@@ -461,13 +461,13 @@ def test_the_rate_limiter_section(report: dict[str, Any]) -> None:
     rows = {row["key"]: row for row in part["rows"]}
     installed = {k for k, mod in RATE_PEERS.items() if importlib.util.find_spec(mod)}
     ours = (
-        {"fastbreaker", "fastbreaker_shared", "fastbreaker_breaker"}
+        {"fastbreaker", "fastbreaker_shared", "fastbreaker_breaker", "floor_clock"}
         if fastbreaker.COMPILED
         else set()
     )
     assert set(rows) == {"fastbreaker_py"} | ours | installed
     skipped = {s["label"]: s["reason"] for s in part["skipped"]}
-    assert len(skipped) == len(RATE_PEERS) - len(installed) + 3 - len(ours)
+    assert len(skipped) == len(RATE_PEERS) - len(installed) + 4 - len(ours)
     assert all(reason for reason in skipped.values())
     for key in installed - {"aiolimiter"}:
         assert isinstance(rows[key]["try_ns"], float) and rows[key]["async_ns"] is None
@@ -486,10 +486,13 @@ def test_the_rate_limiter_section(report: dict[str, Any]) -> None:
         assert "try_acquire(): " in out and "CircuitBreaker.allow() (" in out
         assert "RateLimiterMap.try_acquire(key): " in out and "BreakerMap.allow(key) (" in out
         assert "shared-memory try_acquire(): " in out
+        assert "the clock floor Floor().now() (" in out
+        assert isinstance(rows["floor_clock"]["try_ns"], float)
         whats = [t["what"] for t in report["data"]["targets"]["checks"]]
-        assert whats[-3:] == [
+        assert whats[-4:] == [
             "RateLimiter.try_acquire()",
             "RateLimiterMap.try_acquire(key)",
+            "try_acquire() vs clock read",
             "shared try_acquire()",
         ]
 

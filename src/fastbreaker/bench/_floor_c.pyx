@@ -7,16 +7,26 @@ report ratios to the floor measured on the same machine in the same run.
 """
 
 cimport cython
+from libc.stdint cimport int64_t
+
+
+cdef extern from "_fb_atomic.h" nogil:
+    int64_t fb_monotonic_ns()
 
 
 @cython.final
 cdef class Floor:
     """An object whose ``allow()``, ``record_success()``, ``call(f)`` and ``with`` / ``async
-    with`` blocks do (almost) nothing."""
+    with`` blocks do (almost) nothing, and whose ``now()`` only reads the clock."""
 
     @cython.binding(False)
     def allow(self):
         return True
+
+    @cython.binding(False)
+    def now(self):
+        """Read the monotonic clock as a rate limiter does (``CLOCK_MONOTONIC``), keep nothing."""
+        return fb_monotonic_ns() > 0
 
     @cython.binding(False)
     def record_success(self, elapsed=None):

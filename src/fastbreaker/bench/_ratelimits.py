@@ -155,6 +155,25 @@ def _breaker(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
     ), ""
 
 
+def _clock_floor(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
+    # The floor of any limiter that reads the clock: an empty Cython method that reads
+    # CLOCK_MONOTONIC as the compiled limiter does, and keeps nothing.
+    from .. import COMPILED, __version__
+
+    if not COMPILED:
+        return None, COMPILED_ONLY
+    from ._floor_c import Floor
+
+    return System(
+        key="floor_clock",
+        label="Floor().now() (a clock read)",
+        version=__version__,
+        ns={"fl": Floor()},
+        stmts={"try_ns": "fl.now()"},
+        api={"try_ns": "fl.now(): an empty Cython method that reads CLOCK_MONOTONIC"},
+    ), ""
+
+
 def _pyrate(multiprocess: bool) -> Any:
     def factory(loop: asyncio.AbstractEventLoop) -> tuple[Optional[System], str]:
         pyrate = peer("pyrate_limiter")
@@ -263,6 +282,7 @@ def _summary(result: Mapping[str, Any]) -> list[str]:
             "fastbreaker_breaker",
             "BreakerMap.allow(key)",
         ),
+        ("try_ns", "try_acquire()", "floor_clock", "the clock floor Floor().now()"),
         ("try_ns", "shared-memory try_acquire()", "fastbreaker_shared", "local"),
     ]
     for metric, what, ref, ref_what in pairs:
@@ -296,7 +316,8 @@ def _notes(result: Mapping[str, Any]) -> list[str]:
         "their non-blocking acquire, limits' hit()) is timed against `pass`, `async with` "
         "against await af(); per key: one call per key, round-robin over the keys, against a "
         "bare loop. CircuitBreaker.allow() and BreakerMap.allow(key) are the targets' "
-        "reference, not limiters. limits' memory storage starts a timer thread (10 ms) on a hit "
+        "reference, not limiters; Floor().now(), an empty method that reads "
+        "CLOCK_MONOTONIC, is the floor of anything that reads the clock. limits' memory storage starts a timer thread (10 ms) on a hit "
         "when none runs; PyrateLimiter's Limiter runs a leak thread (stopped after the timing). "
         "x fastbreaker: a cell over fastbreaker RateLimiter "
         "(compiled)'s.",
@@ -310,6 +331,7 @@ SECTION = Section(
         ("fastbreaker RateLimiter (pure twin)", _twin),
         ("fastbreaker RateLimiter shared", _shared),
         ("CircuitBreaker.allow() (compiled)", _breaker),
+        ("Floor().now() (a clock read)", _clock_floor),
         ("PyrateLimiter GCRA in memory", _pyrate(multiprocess=False)),
         ("PyrateLimiter GCRA multiprocess", _pyrate(multiprocess=True)),
         ("limits fixed window", _limits("FixedWindowRateLimiter", "limits fixed window")),
