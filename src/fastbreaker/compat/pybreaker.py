@@ -10,61 +10,8 @@ a decorator, ``open()``/``half_open()``/``close()``, ``current_state`` and ``sta
 ``success_threshold`` and ``name``, excluded exceptions, listeners), ``CircuitBreakerListener``,
 ``CircuitBreakerError``, ``CircuitMemoryStorage`` and the ``STATE_*`` constants.
 
-How it maps onto the core
--------------------------
-``fail_max`` is the core's consecutive ``failure_threshold``, ``reset_timeout`` its open period
-and ``success_threshold`` the trial successes that close it; ``open()`` and ``close()`` are the
-core's ``trip()`` and ``reset()``. Exceptions are classified here, as pybreaker does: one that
-matches ``exclude`` (a type, or a predicate ``exc -> bool``) is reported to the core as a success.
-The errors are pybreaker's: the call whose failure opens the circuit raises
-``CircuitBreakerError("Failures threshold reached, circuit breaker opened")`` (a failed trial
-call: "Trial call failed, circuit breaker opened"; the original exception with
-``throw_new_error_on_trip=False``), and a call refused while open raises "Timeout not elapsed
-yet, circuit breaker still open". What pybreaker shows outside CLOSED and the core does not keep
-(``fail_counter`` goes on counting failed trials, ``success_counter`` counts trial successes,
-``opened_at``) is kept here, updated only on transitions and trial calls.
-
-Thread safety without pybreaker's lock
---------------------------------------
-pybreaker holds one lock across every guarded call, so each breaker serializes its callers. Here
-no lock is held while the guarded function runs; a call in CLOSED is two lock-free core
-operations. Each transition happens exactly once (the core's compare-and-swap) and is announced
-to the listeners once; at most one trial call runs at a time in half-open. A small lock orders
-this module's own bookkeeping (trial counters, listener notification, manual transitions and
-option changes), never a call.
-
-Differences from pybreaker, on purpose
---------------------------------------
-- While a trial call runs, other callers are refused with ``CircuitBreakerError("Trial call in
-  progress, circuit breaker half-open")`` instead of queueing on pybreaker's lock behind it. A
-  trial call that never reports back counts as failed after ``max(reset_timeout, 1)`` seconds,
-  so the breaker cannot stay half-open forever.
-- The outcome of a call admitted before a transition changes nothing (pybreaker serializes calls,
-  so it has no such outcomes; without the lock, a late success must not close a circuit that
-  opened meanwhile).
-- ``BaseException``s that are not ``Exception``s (``KeyboardInterrupt``, ``asyncio.CancelledError``,
-  ``GeneratorExit`` when a guarded generator is closed early) count as neither success nor
-  failure; pybreaker counts them as failures, so closing a generator early could open it.
-- The open period is measured on the monotonic clock, so a wall-clock jump cannot stretch or cut
-  it; ``opened_at`` is still the wall-clock ``datetime`` (UTC) of the last opening.
-- An excluded class is matched with ``issubclass`` even when it has a metaclass (pybreaker calls
-  such a class as if it were a predicate, which excludes every exception).
-- A ``state_change`` listener that raises during an automatic transition is logged on the
-  ``fastbreaker`` logger instead of replacing the call's outcome (the core runs it). Listeners
-  that raise from ``open()``/``half_open()``/``close()``, ``before_call``, ``success`` or
-  ``failure`` propagate, as in pybreaker.
-- ``state_storage`` takes a ``CircuitMemoryStorage``: its state and ``opened_at`` become the
-  breaker's initial state, then it reflects the breaker (read-only) and may back one breaker.
-  Or a ``CircuitRedisStorage`` (pybreaker's arguments and Redis keys, so pybreaker processes and
-  this module can share a circuit): that breaker keeps its state in Redis with pybreaker's
-  semantics, a few round trips per call (without a lock held across the call), and passes
-  pybreaker's own Redis test cases. For new code prefer
-  ``fastbreaker.contrib.redis.FleetCoordinator``, which never puts Redis on the call path.
-- Tornado coroutines (``call_async``, ``__pybreaker_call_async``) are not supported. As in
-  pybreaker, an ``async def`` function is called, not awaited, so its failures are not seen: use
-  ``fastbreaker.CircuitBreaker`` for asyncio.
-- ``fail_max`` and ``success_threshold`` must be ints (values below 1 act as 1, as in pybreaker)
-  and ``reset_timeout`` a number of seconds; others raise ``TypeError``.
+How it maps onto the core, its thread safety without pybreaker's lock, and every difference
+from pybreaker and why: docs/migrating.md, "pybreaker in detail".
 """
 
 from __future__ import annotations
