@@ -1,4 +1,5 @@
-"""The twin breaker's metrics: ``CircuitBreaker.metrics()`` (``snapshot``) and its latency histogram."""
+"""The twin breaker's metrics: ``CircuitBreaker.metrics()`` (``snapshot``) and its latency
+histogram. Part of the breaker: it reads the twin ``CircuitBreaker``'s slots under its lock."""
 
 from __future__ import annotations
 
