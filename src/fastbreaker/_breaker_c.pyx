@@ -181,8 +181,10 @@ cdef inline int64_t *tw_of(core_t *b) noexcept nogil:
     return <int64_t *>(p - 1) if p & 1 else NULL
 
 
+# the state machine, then claims and region blocks (shared memory)
 include "_breaker_state_c.pxi"
 include "_breaker_shared_c.pxi"
+
 
 # -- Python objects --------------------------------------------------------------------------------
 @cython.final
@@ -342,11 +344,9 @@ cdef class Config:
         self.options.update_from(options)
 
 
-# An awaitable that is complete when made: `await fb_ready(x)` is x, with no coroutine and no
-# StopIteration (the am_send slot returns the result directly; __next__ is there for iterators
-# driven by hand).
-include "_breaker_calls_c.pxi"
 
+# GuardedCall, the `with` stacks, the decorator and call()
+include "_breaker_calls_c.pxi"
 
 
 _CLOSED, _OPEN, _HALF_OPEN, _ISOLATED = State.CLOSED, State.OPEN, State.HALF_OPEN, State.ISOLATED
@@ -929,8 +929,6 @@ cdef _install_traverse():
                         <Py_ssize_t>(<char *>&probe.st - <char *><PyObject *>probe))
 
 _install_traverse()
-
-
 
 # call(): see _breaker_calls_c.pxi
 fb_install_fastcall(<PyObject *>CircuitBreaker, <fb_fastcall_kw_t>call_fastcall)

@@ -3,6 +3,9 @@
 # admission/finish steps every path shares, and call() as a METH_FASTCALL C function. The twin's
 # counterpart is _breaker_calls_py.py.
 
+# An awaitable that is complete when made: `await fb_ready(x)` is x, with no coroutine and no
+# StopIteration (the am_send slot returns the result directly; __next__ is there for iterators
+# driven by hand).
 cdef extern from *:
     """
     typedef struct { PyObject_HEAD PyObject *result; } fb_ready_t;
