@@ -37,7 +37,8 @@ with zipfile.ZipFile(wheel) as z:
 for i in so:
     print(f"  {i.filename}: {i.file_size / 1e3:.0f} kB ({i.compress_size / 1e3:.0f} kB compressed)")
 print(f"  extensions: {sum(i.file_size for i in so) / 1e6:.2f} MB uncompressed")
-for needed in ("fastbreaker/py.typed", "fastbreaker/_breaker_c.pxd", "fastbreaker/_fb_atomic.h"):
+for needed in ("fastbreaker/py.typed", "fastbreaker/_breaker_c.pxd", "fastbreaker/_fb_atomic.h",
+               "fastbreaker/_breaker_state_c.pxi"):  # the .pyx and its include files ship
     assert needed in names, f"{needed} is missing from the wheel"
 assert not any(n.endswith(".c") for n in names), "generated C in the wheel"
 PY

@@ -59,7 +59,7 @@ def test_sdist_has_the_readme_and_its_figure(sdist_names: list[str]) -> None:
 def test_sdist_has_every_cython_source_and_header(sdist_names: list[str]) -> None:
     wanted = sorted(
         p.relative_to(ROOT).as_posix()
-        for pattern in ("*.pyx", "*.pxd", "*.pyi", "*.h")
+        for pattern in ("*.pyx", "*.pxi", "*.pxd", "*.pyi", "*.h")
         for p in CORE.rglob(pattern)  # bench/_floor_c.pyx too
     )
     assert any(name.endswith(".pyx") for name in wanted)

@@ -94,7 +94,7 @@ def test_the_environment_variable_is_read_in_one_module():
     readers = []
     for root, _, files in os.walk(pkg):
         for f in files:
-            if f.endswith((".py", ".pyx", ".pxd")):
+            if f.endswith((".py", ".pyx", ".pxd", ".pxi")):
                 path = os.path.join(root, f)
                 with open(path, encoding="utf-8") as fh:
                     text = fh.read()

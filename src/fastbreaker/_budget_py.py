@@ -14,7 +14,7 @@ same integer arithmetic and give identical results; every intermediate value sta
 
 Shared-memory mode (``SharedRegion.retry_budget``, ``RetryBudget._shared``): the tokens and the
 last refill time live in a ``SharedRecord`` of the region (two little-endian int64: tokens in
-units, last_ns), and ``self._lock`` is the breaker twin's ``_SharedState``, which loads them on
+units, last_ns), and ``self._lock`` is the breaker twin's ``SharedState``, which loads them on
 entry and stores them on exit under the region's record lock; the deposit, capacity, rate and
 clock come from the constructor's arguments in each process.
 """
@@ -160,7 +160,7 @@ class RetryBudget:
     ) -> "RetryBudget":
         """A budget whose tokens live in ``view`` (a SharedRegion's state block, made by
         ``shared_init``), guarded by the region's ``lock``; it never reads the clock here."""
-        from ._breaker_py import _SharedState
+        from ._breaker_shared_py import SharedState
 
         self = cls.__new__(cls)
         self._deposit, self._capacity, self._rate = budget_units(ratio, capacity, min_per_sec)
@@ -168,7 +168,7 @@ class RetryBudget:
         self._clock = time.monotonic_ns if clock is None else clock
         self._tokens = self._capacity
         self._last_ns = 0
-        self._lock = _SharedState(self, view, lock, _BudgetLayout())
+        self._lock = SharedState(self, view, lock, _BudgetLayout())
         return self
 
     def record_success(self) -> None:

@@ -6,7 +6,7 @@ call paths are shared by both cores and live in ``_bulkhead``; the AIMD step is
 ``_bulkhead.aimd`` and the gradient algorithm ``_limit_gradient``.
 
 Shared-memory mode (``SharedRegion.bulkhead``, ``Bulkhead._shared``): the slots and counters live
-in a ``SharedRecord`` of the region, and ``self._lock`` is the breaker twin's ``_SharedState``
+in a ``SharedRecord`` of the region, and ``self._lock`` is the breaker twin's ``SharedState``
 (it loads them on entry and stores them on exit under the region's record lock). The record::
 
     7 int64 (little-endian)     admitted, rejected, timed_out, cancelled, waited, peak,
@@ -490,14 +490,14 @@ class Bulkhead(_Slots):
         """A bulkhead whose slots live in ``view`` (a SharedRegion's state block, made by
         ``shared_init`` with the same ``max_concurrent``), guarded by the region's ``lock``.
         It never waits (``max_wait=0``, ``max_waiting=0``)."""
-        from ._breaker_py import _SharedState
+        from ._breaker_shared_py import SharedState
 
         cap, wait_s, waiting, name = _b.check_bulkhead(max_concurrent, 0.0, 0, name, clock)
         self: Bulkhead = cls.__new__(cls)
         self._setup(wait_s, waiting, name, clock)
         self._max = cap
         self._owners = _owner_array(cap)
-        self._lock = _SharedState(self, view, lock, _BulkheadLayout(cap))
+        self._lock = SharedState(self, view, lock, _BulkheadLayout(cap))
         return self
 
     def _cap(self) -> int:

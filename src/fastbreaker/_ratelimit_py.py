@@ -182,10 +182,10 @@ class RateLimiter:
     ) -> RateLimiter:
         """A limiter whose TAT words live in ``view`` (a SharedRegion's record), guarded by the
         region's ``lock``; its counts stay in this process."""
-        from ._breaker_py import _SharedState
+        from ._breaker_shared_py import SharedState
 
         self = cls(*rates, name=name, clock=clock)
-        self._lock = _SharedState(self, view, lock, _RateLayout(len(self._cfg.t)))
+        self._lock = SharedState(self, view, lock, _RateLayout(len(self._cfg.t)))
         return self
 
     def __copy__(self) -> object:

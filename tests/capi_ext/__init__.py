@@ -5,7 +5,7 @@ downstream project would: ``cimport fastbreaker._breaker_c`` resolved through th
 ``.pxd`` files, the C headers from the package folder.
 
 ``build_racy(dest)`` is the negative control of the stress tests: it copies the core's ``.pyx``
-and ``.pxd`` sources under other module names, compiles them with ``FB_RACY_FOR_TESTS`` (every
+and ``.pxd`` sources under other module names (its ``.pxi`` include files under their own), compiles them with ``FB_RACY_FOR_TESTS`` (every
 compare-and-swap becomes a plain load + compare + store), and builds the same client against
 them. Nothing built here is ever part of the package.
 
@@ -155,6 +155,9 @@ def build_racy(dest: pathlib.Path, kind: str = "racy") -> types.ModuleType:
             for ext in (".pyx", ".pxd"):
                 text = (src / (core + ext)).read_text(encoding="utf-8")
                 (dest / (copy + ext)).write_text(_absolute_imports(text), encoding="utf-8")
+        for part in src.glob("*.pxi"):  # the core's include files: found beside the copy
+            text = part.read_text(encoding="utf-8")
+            (dest / part.name).write_text(_absolute_imports(text), encoding="utf-8")
         client = CLIENT.read_text(encoding="utf-8")
         client = client.replace(
             "from fastbreaker._breaker_c cimport", f"from {breaker_name} cimport"
@@ -204,7 +207,7 @@ def source_digest(kind: str) -> str:
     folders = [(HERE, (".pyx", ".pxd", ".h", ".c", ".py")), (package_dir(), (".pxd", ".h"))]
     src = core_source_dir()
     if src is not None:
-        folders.append((src, (".pyx", ".pxd", ".h")))
+        folders.append((src, (".pyx", ".pxi", ".pxd", ".h")))
     for folder, suffixes in folders:
         for path in sorted(folder.iterdir()):
             if path.suffix in suffixes:

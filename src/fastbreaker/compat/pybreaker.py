@@ -10,61 +10,8 @@ a decorator, ``open()``/``half_open()``/``close()``, ``current_state`` and ``sta
 ``success_threshold`` and ``name``, excluded exceptions, listeners), ``CircuitBreakerListener``,
 ``CircuitBreakerError``, ``CircuitMemoryStorage`` and the ``STATE_*`` constants.
 
-How it maps onto the core
--------------------------
-``fail_max`` is the core's consecutive ``failure_threshold``, ``reset_timeout`` its open period
-and ``success_threshold`` the trial successes that close it; ``open()`` and ``close()`` are the
-core's ``trip()`` and ``reset()``. Exceptions are classified here, as pybreaker does: one that
-matches ``exclude`` (a type, or a predicate ``exc -> bool``) is reported to the core as a success.
-The errors are pybreaker's: the call whose failure opens the circuit raises
-``CircuitBreakerError("Failures threshold reached, circuit breaker opened")`` (a failed trial
-call: "Trial call failed, circuit breaker opened"; the original exception with
-``throw_new_error_on_trip=False``), and a call refused while open raises "Timeout not elapsed
-yet, circuit breaker still open". What pybreaker shows outside CLOSED and the core does not keep
-(``fail_counter`` goes on counting failed trials, ``success_counter`` counts trial successes,
-``opened_at``) is kept here, updated only on transitions and trial calls.
-
-Thread safety without pybreaker's lock
---------------------------------------
-pybreaker holds one lock across every guarded call, so each breaker serializes its callers. Here
-no lock is held while the guarded function runs; a call in CLOSED is two lock-free core
-operations. Each transition happens exactly once (the core's compare-and-swap) and is announced
-to the listeners once; at most one trial call runs at a time in half-open. A small lock orders
-this module's own bookkeeping (trial counters, listener notification, manual transitions and
-option changes), never a call.
-
-Differences from pybreaker, on purpose
---------------------------------------
-- While a trial call runs, other callers are refused with ``CircuitBreakerError("Trial call in
-  progress, circuit breaker half-open")`` instead of queueing on pybreaker's lock behind it. A
-  trial call that never reports back counts as failed after ``max(reset_timeout, 1)`` seconds,
-  so the breaker cannot stay half-open forever.
-- The outcome of a call admitted before a transition changes nothing (pybreaker serializes calls,
-  so it has no such outcomes; without the lock, a late success must not close a circuit that
-  opened meanwhile).
-- ``BaseException``s that are not ``Exception``s (``KeyboardInterrupt``, ``asyncio.CancelledError``,
-  ``GeneratorExit`` when a guarded generator is closed early) count as neither success nor
-  failure; pybreaker counts them as failures, so closing a generator early could open it.
-- The open period is measured on the monotonic clock, so a wall-clock jump cannot stretch or cut
-  it; ``opened_at`` is still the wall-clock ``datetime`` (UTC) of the last opening.
-- An excluded class is matched with ``issubclass`` even when it has a metaclass (pybreaker calls
-  such a class as if it were a predicate, which excludes every exception).
-- A ``state_change`` listener that raises during an automatic transition is logged on the
-  ``fastbreaker`` logger instead of replacing the call's outcome (the core runs it). Listeners
-  that raise from ``open()``/``half_open()``/``close()``, ``before_call``, ``success`` or
-  ``failure`` propagate, as in pybreaker.
-- ``state_storage`` takes a ``CircuitMemoryStorage``: its state and ``opened_at`` become the
-  breaker's initial state, then it reflects the breaker (read-only) and may back one breaker.
-  Or a ``CircuitRedisStorage`` (pybreaker's arguments and Redis keys, so pybreaker processes and
-  this module can share a circuit): that breaker keeps its state in Redis with pybreaker's
-  semantics, a few round trips per call (without a lock held across the call), and passes
-  pybreaker's own Redis test cases. For new code prefer
-  ``fastbreaker.contrib.redis.FleetCoordinator``, which never puts Redis on the call path.
-- Tornado coroutines (``call_async``, ``__pybreaker_call_async``) are not supported. As in
-  pybreaker, an ``async def`` function is called, not awaited, so its failures are not seen: use
-  ``fastbreaker.CircuitBreaker`` for asyncio.
-- ``fail_max`` and ``success_threshold`` must be ints (values below 1 act as 1, as in pybreaker)
-  and ``reset_timeout`` a number of seconds; others raise ``TypeError``.
+How it maps onto the core, its thread safety without pybreaker's lock, and every difference
+from pybreaker and why: docs/migrating.md, "pybreaker in detail".
 """
 
 from __future__ import annotations
@@ -72,7 +19,6 @@ from __future__ import annotations
 import calendar
 import contextlib
 import importlib.util
-import logging
 import threading
 import time
 import types
@@ -86,7 +32,26 @@ from .. import CircuitBreaker as _SelectedCore
 from .._errors import CircuitOpenError, State
 from .._options import OUT_FAILURE, OUT_NEUTRAL, OUT_SUCCESS, BreakerOptions
 from .._permit import config as _core_config, options, permits
-from ._redis_io import BoundedRedis, check_timeout
+from ._pybreaker_base import (
+    MSG_OPEN as _MSG_OPEN,
+    MSG_STORAGE as _MSG_STORAGE,
+    MSG_TRIAL_FAILED as _MSG_TRIAL_FAILED,
+    MSG_TRIAL_RUNNING as _MSG_TRIAL_RUNNING,
+    MSG_TRIP as _MSG_TRIP,
+    NAMES as _NAMES,
+    STATE_CLASSES as _STATE_CLASSES,
+    STATE_CLOSED,
+    STATE_HALF_OPEN,
+    STATE_OPEN,
+    CircuitBreakerError,
+    CircuitBreakerListener,
+    CircuitBreakerState,
+    CircuitBreakerStorage,
+    CircuitClosedState,
+    CircuitHalfOpenState,
+    CircuitOpenState,
+    CircuitRedisStorage,
+)
 
 __all__ = (
     "CircuitBreaker",
@@ -99,9 +64,6 @@ __all__ = (
     "STATE_HALF_OPEN",
 )
 
-STATE_OPEN = "open"
-STATE_CLOSED = "closed"
-STATE_HALF_OPEN = "half-open"
 
 #: pybreaker's feature flags: neither optional backend exists here.
 HAS_TORNADO_SUPPORT = False
@@ -112,18 +74,6 @@ T = TypeVar("T")
 _CLOSED, _OPEN, _HALF_OPEN = State.CLOSED, State.OPEN, State.HALF_OPEN
 _GeneratorType = types.GeneratorType
 _MIN_TRIAL_TIMEOUT = 1.0  # seconds; the floor of the time a trial call may take
-
-_MSG_TRIP = "Failures threshold reached, circuit breaker opened"
-_MSG_TRIAL_FAILED = "Trial call failed, circuit breaker opened"
-_MSG_OPEN = "Timeout not elapsed yet, circuit breaker still open"
-_MSG_TRIAL_RUNNING = "Trial call in progress, circuit breaker half-open"
-_MSG_STORAGE = (
-    "fastbreaker.compat.pybreaker keeps a breaker's state in fastbreaker's in-process lock-free "
-    "core (CircuitMemoryStorage) or in Redis (CircuitRedisStorage), so state_storage must be a "
-    "fastbreaker.compat.pybreaker.CircuitMemoryStorage or CircuitRedisStorage, got {!r}"
-)
-_log = logging.getLogger("fastbreaker.compat.pybreaker")
-_VALID = (STATE_CLOSED, STATE_OPEN, STATE_HALF_OPEN)
 
 
 @contextlib.contextmanager
@@ -142,93 +92,19 @@ def _own_names() -> Iterator[None]:
         raise
 
 
-class CircuitBreakerError(Exception):
-    """A call was refused because the circuit is open, or (by default) its failure opened it."""
-
-
-class CircuitBreakerListener:
-    """Subclass and register with ``CircuitBreaker.add_listener`` to observe a breaker."""
-
-    def before_call(
-        self, cb: CircuitBreaker, func: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> None:
-        """Called before the breaker ``cb`` calls ``func(*args, **kwargs)`` (only for calls it
-        lets through)."""
-
-    def failure(self, cb: CircuitBreaker, exc: BaseException) -> None:
-        """Called when a call through ``cb`` raised ``exc``, a system error (not excluded)."""
-
-    def success(self, cb: CircuitBreaker) -> None:
-        """Called when a call through ``cb`` succeeded (or raised an excluded exception)."""
-
-    def state_change(
-        self,
-        cb: CircuitBreaker,
-        old_state: Optional[CircuitBreakerState],
-        new_state: CircuitBreakerState,
-    ) -> None:
-        """Called when ``cb`` changes state from ``old_state`` (None at creation) to
-        ``new_state`` (manual transitions too, even to the same state)."""
-
-
-class CircuitBreakerState:
-    """A breaker's state as listeners see it; ``name`` is one of the ``STATE_*`` strings."""
-
-    _state_name = ""
-
-    def __init__(
-        self,
-        cb: CircuitBreaker,
-        prev_state: Optional[CircuitBreakerState] = None,
-        notify: bool = False,
-    ) -> None:
-        self._breaker = cb
-
-    @property
-    def name(self) -> str:
-        """``"closed"``, ``"open"`` or ``"half-open"``."""
-        return self._state_name
-
-
-class CircuitClosedState(CircuitBreakerState):
-    """Calls pass; consecutive failures are counted and ``fail_max`` of them open the circuit."""
-
-    _state_name = STATE_CLOSED
-
-
-class CircuitOpenState(CircuitBreakerState):
-    """Calls are refused until ``reset_timeout`` has passed; then the next call is a trial."""
-
-    _state_name = STATE_OPEN
-
-
-class CircuitHalfOpenState(CircuitBreakerState):
-    """One trial call at a time; ``success_threshold`` successes close, a failure re-opens."""
-
-    _state_name = STATE_HALF_OPEN
-
-
-_STATE_CLASSES: dict[object, type[CircuitBreakerState]] = {
-    _CLOSED: CircuitClosedState,
-    _OPEN: CircuitOpenState,
-    _HALF_OPEN: CircuitHalfOpenState,
-    STATE_CLOSED: CircuitClosedState,
-    STATE_OPEN: CircuitOpenState,
-    STATE_HALF_OPEN: CircuitHalfOpenState,
-}
-_NAMES = {_CLOSED: STATE_CLOSED, _OPEN: STATE_OPEN, _HALF_OPEN: STATE_HALF_OPEN}
-
-
-class CircuitBreakerStorage:
-    """pybreaker's storage interface; only ``CircuitMemoryStorage`` can back a breaker here."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def name(self) -> str:
-        """The kind of storage (``"memory"``)."""
-        return self._name
+_PUBLIC_HOME = (  # their public home: pickling, help() and the docs name this module
+    CircuitBreakerError,
+    CircuitBreakerListener,
+    CircuitBreakerState,
+    CircuitClosedState,
+    CircuitOpenState,
+    CircuitHalfOpenState,
+    CircuitBreakerStorage,
+    CircuitRedisStorage,
+)
+for _cls in _PUBLIC_HOME:
+    _cls.__module__ = __name__
+del _cls
 
 
 class CircuitMemoryStorage(CircuitBreakerStorage):
@@ -303,148 +179,6 @@ class CircuitMemoryStorage(CircuitBreakerStorage):
     def opened_at(self, value: datetime) -> None:
         self._writable()
         self._opened_at = value
-
-
-_FAILED = object()  # what a read gives when Redis failed
-
-
-class CircuitRedisStorage(CircuitBreakerStorage):
-    """pybreaker's Redis storage: a breaker's state, counters and opening time in Redis.
-
-    The same arguments and keys as pybreaker (``[namespace:]pybreaker:state``, ``fail_counter``,
-    ``success_counter``, ``opened_at`` in whole UTC seconds), so processes running pybreaker and
-    this module can share a breaker. A breaker backed by it has pybreaker's semantics: a few
-    Redis round trips per call (no lock is held across the call itself). Each Redis operation is
-    bounded by ``timeout`` seconds (connect and read, on a client made from ``redis_object``'s
-    connection settings, without its retries). When Redis fails, reads give
-    ``fallback_circuit_state`` and zero counters, writes are lost, Redis is left alone for a
-    second (a call meets at most one timeout), and one line is logged per outage (another when
-    Redis answers again); a missing state is set to ``fallback_circuit_state``. For new code,
-    prefer ``fastbreaker.contrib.redis.FleetCoordinator``: local decisions, no I/O on the call
-    path.
-
-    ``state`` is the initial state, ``redis_object`` a redis-py client, ``namespace`` a prefix
-    for the keys; ``cluster_mode=True`` (Redis Cluster) writes the state with a plain
-    compare-and-set instead of a ``WATCH`` transaction, as pybreaker does. ``timeout``: the most
-    one Redis operation may take, in seconds (0 to 60; a cluster client or a client that is not
-    redis-py's or valkey's own is used as given, with its own timeouts).
-    """
-
-    BASE_NAMESPACE = "pybreaker"
-
-    def __init__(
-        self,
-        state: str,
-        redis_object: Any,
-        namespace: Optional[str] = None,
-        fallback_circuit_state: str = STATE_CLOSED,
-        cluster_mode: bool = False,
-        *,
-        timeout: float = 0.25,
-    ) -> None:
-        super().__init__("redis")
-        for value in (state, fallback_circuit_state):
-            if value not in _VALID:
-                raise ValueError(
-                    f"Unknown state {value!r}, valid states: "
-                    f"{STATE_CLOSED}, {STATE_OPEN}, {STATE_HALF_OPEN}"
-                )
-        self._redis = redis_object
-        self._namespace_name = namespace
-        self._fallback_circuit_state = fallback_circuit_state
-        self._cluster_mode = cluster_mode
-        self._io = BoundedRedis(redis_object, check_timeout(timeout), _log)
-        self._write(lambda r: r.setnx(self._key("fail_counter"), 0))
-        self._write(lambda r: r.setnx(self._key("success_counter"), 0))
-        self._write(lambda r: r.setnx(self._key("state"), state))
-
-    def _key(self, name: str) -> str:
-        parts = [self.BASE_NAMESPACE, name]
-        if self._namespace_name:
-            parts.insert(0, self._namespace_name)
-        return ":".join(parts)
-
-    def _write(self, op: Callable[[Any], Any]) -> None:
-        self._io.run(op, None)
-
-    def _get(self, name: str, default: Any = None) -> Any:
-        key = self._key(name)
-        return self._io.run(lambda r: r.get(key), default)
-
-    def _int(self, name: str) -> int:
-        value = self._get(name)
-        return int(value) if value is not None else 0
-
-    @property
-    def state(self) -> str:
-        """The circuit state; ``fallback_circuit_state`` when Redis fails or has none."""
-        raw = self._get("state", _FAILED)
-        if raw is _FAILED:
-            return self._fallback_circuit_state
-        if raw is None:
-            fallback = self._fallback_circuit_state
-            self.state = fallback
-            self.reset_counter()
-            return fallback
-        value = raw.decode() if isinstance(raw, bytes) else str(raw)
-        return value if value in _VALID else self._fallback_circuit_state
-
-    @state.setter
-    def state(self, state: str) -> None:
-        self._write(lambda r: r.set(self._key("state"), str(state)))
-
-    def increment_counter(self) -> None:
-        """Add one to the failure counter (an atomic INCR)."""
-        self._write(lambda r: r.incr(self._key("fail_counter")))
-
-    def reset_counter(self) -> None:
-        """Set the failure counter in Redis to zero."""
-        self._write(lambda r: r.set(self._key("fail_counter"), 0))
-
-    def increment_success_counter(self) -> None:
-        """Add one to the success counter in Redis."""
-        self._write(lambda r: r.incr(self._key("success_counter")))
-
-    def reset_success_counter(self) -> None:
-        """Set the success counter in Redis to zero."""
-        self._write(lambda r: r.set(self._key("success_counter"), 0))
-
-    @property
-    def counter(self) -> int:
-        """The failure counter."""
-        return self._int("fail_counter")
-
-    @property
-    def success_counter(self) -> int:
-        """The trial successes counter."""
-        return self._int("success_counter")
-
-    def _opened_ts(self) -> Optional[int]:
-        raw = self._get("opened_at")
-        return int(raw) if raw is not None else None
-
-    @property
-    def opened_at(self) -> Optional[datetime]:
-        """When the circuit last opened, to the second (a naive UTC ``datetime``), or None."""
-        ts = self._opened_ts()
-        return None if ts is None else datetime(*time.gmtime(ts)[:6])
-
-    @opened_at.setter
-    def opened_at(self, now: datetime) -> None:
-        # Only ever moves forward (several processes may open the same circuit).
-        key, value = self._key("opened_at"), calendar.timegm(now.utctimetuple())
-
-        def forward(pipe: Any) -> None:
-            current = pipe.get(key)
-            if current is None or int(current) < value:
-                if hasattr(pipe, "multi"):
-                    pipe.multi()
-                pipe.set(key, value)
-
-        if self._cluster_mode:  # no WATCH across a cluster: a plain compare-and-set
-            self._write(forward)
-        else:
-            self._write(lambda r: r.transaction(forward, key))
 
 
 def _calling_block() -> None:
@@ -1153,7 +887,8 @@ class _RedisBackedBreaker(CircuitBreaker):
         with self._lock:
             state = storage.state
             if state == STATE_OPEN:
-                opened = storage._opened_ts()
+                opened_at = storage.opened_at  # whole seconds: timegm gives them back exactly
+                opened = None if opened_at is None else calendar.timegm(opened_at.utctimetuple())
                 if opened is not None and time.time() - opened < self._reset_timeout:
                     raise CircuitBreakerError(_MSG_OPEN)
                 self._move(STATE_HALF_OPEN)
