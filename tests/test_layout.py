@@ -72,8 +72,6 @@ def test_the_import_reader_sees_imports() -> None:
     assert "_select" in local_imports(os.path.join(PKG, "__init__.py"))
 
 
-# Files over the line limit, each with why it is still there.
-OVER_LIMIT = {"_region.py": "being reshaped on another branch (issue 27)"}
 MAX_LINES = 1000
 
 
@@ -92,7 +90,7 @@ def test_no_source_file_is_over_the_line_limit() -> None:
     for path in source_files():
         with open(path, encoding="utf-8") as fh:
             n = sum(1 for _ in fh)
-        if n > MAX_LINES and os.path.relpath(path, PKG) not in OVER_LIMIT:
+        if n > MAX_LINES:
             long[os.path.relpath(path, PKG)] = n
     assert not long, f"over {MAX_LINES} lines: {long}"
     assert any(p.endswith("_breaker_state_c.pxi") for p in source_files())
