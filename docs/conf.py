@@ -59,7 +59,9 @@ nitpick_ignore_regex = [
     # the standard library: the build reads no inventories (it must work offline)
     (r"py:.*", r"(datetime|enum|threading|asyncio|weakref|logging|collections|os|re)\..*"),
     (r"py:.*", r"Callable\[.*"),
-    (r"py:.*", r"(FailurePredicate|Meter|ObservableCounter|ObservableGauge|Clock)"),
+    (r"py:.*", r"(FailurePredicate|Meter|ObservableCounter|ObservableGauge|Clock|RateSpec)"),
+    (r"py:.*", r"(limits|flask|flask_limiter|slowapi)(\..*)?"),
+    (r"py:.*", r"Limit"),  # limits.limits.RateLimitItem, as limits names it in its signatures
     (r"py:.*", r"fastbreaker\.(contrib|compat)\.\w+\.(T|_\w+)"),
 ]
 
