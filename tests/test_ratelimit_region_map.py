@@ -24,6 +24,7 @@ import ratelimit_region_support as rrs
 import region_support as rs
 from conftest import IMPLS
 from hypothesis import given, settings, strategies as st
+from memory_support import not_on_free_threading
 
 from fastbreaker import _ratelimit_py, _region, _region_map
 from fastbreaker.testing import FakeClock
@@ -228,6 +229,7 @@ def _churn_growth(m: Any, clock: FakeClock, keys: list[str]) -> tuple[int, int]:
         tracemalloc.stop()
 
 
+@not_on_free_threading
 def test_memory_is_flat_under_churn(fb: Any, name: str) -> None:
     # Class: an unbounded key space (Sentinel PR #3391): 10 x capacity keys through the map; this
     # process's cache stays at one entry per slot at most.
